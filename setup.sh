@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# sandgate set-up for Debian 12, as root. Idempotent: installs only what is missing.
+#
+#   ./setup.sh            install (apt packages, a venv with pinned Python deps, /usr/local/bin/sandgate)
+#   ./setup.sh demo       install, then run `sandgate demo`
+#   ./setup.sh test       install, then run the whole test suite (lint, types, tests)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="${SANDGATE_VENV:-/opt/sandgate/venv}"
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup.sh: run as root (sandgate creates network namespaces and nftables rules)" >&2
+    exit 1
+fi
+
+# Kernel plumbing, the sandbox, and the real clients tests run inside sandboxes.
+packages=(nftables bubblewrap iproute2 util-linux procps curl git ca-certificates
+          python3 python3-venv python3-dev gcc dnsutils iputils-ping netcat-openbsd)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup.sh: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Debian's own Python (not a pyenv or conda one): the sandbox must be able to run it.
+if [ ! -x "$venv/bin/python" ]; then
+    mkdir -p "$(dirname "$venv")"
+    /usr/bin/python3 -m venv "$venv"
+fi
+chmod 755 "$(dirname "$venv")"
+stamp="$venv/.sandgate-installed"
+want="$(sha256sum "$here/pyproject.toml" | cut -d' ' -f1) $here"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    "$venv/bin/pip" install -q --disable-pip-version-check -e "$here[test]"
+    echo "$want" > "$stamp"
+fi
+ln -sf "$venv/bin/sandgate" /usr/local/bin/sandgate
+
+case "${1:-}" in
+    "") ;;
+    demo) shift; exec "$venv/bin/sandgate" demo "$@" ;;
+    test)
+        shift
+        cd "$here"
+        "$venv/bin/ruff" check src tests bench
+        "$venv/bin/mypy"
+        exec "$venv/bin/pytest" -q "$@"
+        ;;
+    *) echo "setup.sh: unknown action '$1' (use: demo, test)" >&2; exit 2 ;;
+esac

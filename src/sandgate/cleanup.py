@@ -1,0 +1,205 @@
+"""``sandgate cleanup``: remove what sandgate left behind after a crash, and only that.
+
+Kernel objects: network namespaces named ``sg-…``, links named ``sg-…`` in the host namespace,
+nftables tables named ``sandgate…`` in the host namespace. Processes: gateway daemons and
+test-world servers, found by the pid files sandgate wrote and killed by pid only after their
+command line confirms they are ours. Objects still owned by a live sandgate process are left
+alone unless ``everything`` is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandgate.gateway.config import RUN_ROOT
+from sandgate.net import ns
+
+OWNERS = RUN_ROOT / "owners"
+
+
+@dataclass
+class CleanupResult:
+    processes: list[int] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+    @property
+    def nothing(self) -> bool:
+        return not (self.processes or self.namespaces or self.links or self.tables)
+
+
+def own(name: str, pid: int | None = None) -> None:
+    """Record that a live process owns kernel object ``name`` (so cleanup leaves it alone)."""
+    OWNERS.mkdir(parents=True, exist_ok=True)
+    (OWNERS / name).write_text(str(pid or os.getpid()))
+
+
+def disown(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (OWNERS / name).unlink()
+
+
+def owned(name: str) -> bool:
+    try:
+        pid = int((OWNERS / name).read_text())
+    except (OSError, ValueError):
+        return False
+    return _alive(pid)
+
+
+def record_pids(name: str, pids: list[int], owner: int | None = None) -> None:
+    """Remember processes we started (world servers), for cleanup after a crash."""
+    path = RUN_ROOT / "pids" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"owner": owner or os.getpid(), "pids": pids}))
+
+
+def forget_pids(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (RUN_ROOT / "pids" / f"{name}.json").unlink()
+
+
+def cleanup(everything: bool = False) -> CleanupResult:
+    result = CleanupResult()
+    _processes(result, everything)
+    for name in ns.list_ours():
+        instance_owned = owned(name) or _instance_owned(name)
+        if instance_owned and not everything:
+            result.kept.append(name)
+            continue
+        ns.remove(name)
+        disown(name)
+        result.namespaces.append(name)
+    _host_links(result, everything)
+    _host_tables(result, everything)
+    if everything or not result.kept:
+        with contextlib.suppress(FileNotFoundError):
+            for entry in OWNERS.iterdir():
+                if everything or not owned(entry.name):
+                    entry.unlink()
+    return result
+
+
+def _instance_owned(name: str) -> bool:
+    # sg-<instance>-...: alive while its gateway daemon or its owner process lives.
+    parts = name.split("-")
+    return len(parts) >= 3 and owned(f"instance-{parts[1]}")
+
+
+def _processes(result: CleanupResult, everything: bool) -> None:
+    pid_dir = RUN_ROOT / "pids"
+    if pid_dir.is_dir():
+        for path in pid_dir.glob("*.json"):
+            try:
+                raw = json.loads(path.read_text())
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)
+                continue
+            if _alive(int(raw.get("owner", 0))) and not everything:
+                continue
+            for pid in raw.get("pids", []):
+                if _ours(pid, b"sandgate.world.servers") and _kill(pid):
+                    result.processes.append(pid)
+            path.unlink(missing_ok=True)
+    if RUN_ROOT.is_dir():
+        for pid_file in RUN_ROOT.glob("*/daemon.pid"):
+            instance = pid_file.parent.name
+            try:
+                pid = int(pid_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if owned(f"instance-{instance}") and not everything:
+                result.kept.append(f"gateway {instance}")
+                continue
+            if _ours(pid, b"sandgate.gateway.daemon") and _kill(pid):
+                result.processes.append(pid)
+            pid_file.unlink(missing_ok=True)
+            shutil.rmtree(pid_file.parent, ignore_errors=True)
+
+
+def _host_links(result: CleanupResult, everything: bool) -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        for link in ipr.get_links():
+            name = link.get_attr("IFLA_IFNAME")
+            if not name or not name.startswith(ns.OUR_PREFIXES):
+                continue
+            if owned(name) and not everything:
+                result.kept.append(name)
+                continue
+            ipr.link("del", index=link["index"])
+            disown(name)
+            result.links.append(name)
+
+
+def _host_tables(result: CleanupResult, everything: bool) -> None:
+    from sandgate.net.nft import Nft
+
+    nft = Nft()
+    try:
+        listing = nft.run({"nftables": [{"list": {"tables": {}}}]}) or {}
+        for item in listing.get("nftables", []):
+            table = item.get("table")
+            if not table or not str(table.get("name", "")).startswith(ns.OUR_PREFIXES):
+                continue
+            label = f"{table['family']} {table['name']}"
+            if owned(f"table-{table['name']}") and not everything:
+                result.kept.append(label)
+                continue
+            nft.run(
+                {
+                    "nftables": [
+                        {"delete": {"table": {"family": table["family"], "name": table["name"]}}}
+                    ]
+                }
+            )
+            result.tables.append(label)
+    finally:
+        nft.close()
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _ours(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _kill(pid: int) -> bool:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return True
+            time.sleep(0.05)
+    return not _alive(pid)

@@ -1,0 +1,305 @@
+"""The ``sandgate`` command: parse, call one part, render. Only this module imports typer."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from sandgate.errors import PolicyError, SandgateError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Run AI agents so that they reach the model server and what you allow, nothing else; "
+    "every network attempt is logged; real credentials never enter the sandbox.",
+)
+policy_app = typer.Typer(no_args_is_help=True, help="Check and inspect policy files.")
+app.add_typer(policy_app, name="policy")
+
+out = Console()
+err = Console(stderr=True)
+
+PolicyOpt = Annotated[
+    str | None, typer.Option("--policy", "-p", help="policy file (default: the built-in policy)")
+]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", help="profile in the policy")]
+ModeOpt = Annotated[
+    str | None,
+    typer.Option("--mode", "-m", help="override the internet mode: locked, open or allowlist"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+def _fail(exc: SandgateError, code: int = 2) -> None:
+    if isinstance(exc, PolicyError):
+        err.print(f"[red]policy error[/red]\n{exc}", highlight=False)
+    else:
+        err.print(f"[red]sandgate:[/red] {exc.message}", highlight=False)
+        if exc.fix:
+            err.print(f"  fix: {exc.fix}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _mode(value: str | None) -> str | None:
+    if value is not None and value not in ("locked", "open", "allowlist"):
+        raise typer.BadParameter(
+            f"{value!r}: choose locked, open or allowlist", param_hint="--mode"
+        )
+    return value
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    command: Annotated[list[str], typer.Argument(help="the command to run in the sandbox")],
+    policy: PolicyOpt = None,
+    profile: ProfileOpt = None,
+    mode: ModeOpt = None,
+    world: Annotated[
+        str | None, typer.Option("--world", help="'test': run in sandgate's own test world")
+    ] = None,
+    allow: Annotated[
+        list[str] | None, typer.Option("--allow", help="extra allow rule: TARGET[:PORTS][/PROTO]")
+    ] = None,
+    deny: Annotated[
+        list[str] | None, typer.Option("--deny", help="extra deny rule: TARGET[:PORTS][/PROTO]")
+    ] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="directory mounted at /work (default: a fresh one)"),
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="seconds before the sandbox is killed")
+    ] = None,
+    uid: Annotated[
+        int | None, typer.Option("--uid", help="unprivileged uid to run as (default 61000)")
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", "-e", help="NAME=VALUE inside the sandbox")
+    ] = None,
+    json_out: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no report")] = False,
+) -> None:
+    """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
+    from sandgate.report.render import print_report
+    from sandgate.session.runner import RunOptions
+    from sandgate.session.runner import run as run_session
+
+    if world not in (None, "test"):
+        raise typer.BadParameter("the only world is 'test'", param_hint="--world")
+    extra_env = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{item!r}: write NAME=VALUE", param_hint="--env")
+        extra_env[key] = value
+    opts = RunOptions(
+        command=command,
+        policy=policy,
+        profile=profile,
+        mode=_mode(mode),
+        allow=allow or (),
+        deny=deny or (),
+        world=world,
+        workdir=workdir,
+        timeout=timeout,
+        uid=uid,
+        env=extra_env,
+    )
+    try:
+        result = run_session(opts)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if result.message:
+        err.print(f"[yellow]sandgate:[/yellow] {result.message}", highlight=False)
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "session": result.session,
+                    "exit_code": result.exit_code,
+                    **result.report.as_json(),
+                }
+            )
+        )
+    elif not quiet:
+        print_report(result.report)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def explain(
+    targets: Annotated[list[str], typer.Argument(help="host, host:port, [v6]:port or URL")],
+    policy: PolicyOpt = None,
+    profile: ProfileOpt = None,
+    mode: ModeOpt = None,
+    protocol: Annotated[str, typer.Option("--protocol", help="tcp, udp or icmp")] = "tcp",
+    json_out: JsonOpt = False,
+) -> None:
+    """Say whether the policy allows each target, by which rule, and why."""
+    from sandgate.explain import explain as explain_one
+    from sandgate.policy.load import load_policy
+    from sandgate.policy.model import Mode, Protocol
+
+    try:
+        pol = load_policy(policy)
+        m = _mode(mode)
+        prof = pol.profile(profile, mode=Mode(m) if m else None)
+        proto = Protocol(protocol)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    except ValueError:
+        raise typer.BadParameter(
+            f"{protocol!r}: choose tcp, udp or icmp", param_hint="--protocol"
+        ) from None
+    denied = False
+    for target in targets:
+        e = explain_one(prof, target, proto)
+        denied |= e.verdict != "allow"
+        if json_out:
+            print(json.dumps(e.as_json()))
+        else:
+            style = "green" if e.verdict == "allow" else "red"
+            addrs = ", ".join(a["address"] for a in e.addresses)
+            out.print(
+                f"[{style}]{e.verdict:5}[/{style}] {target}"
+                + (f" → {addrs}" if addrs and addrs != target else "")
+                + f"  [dim]{e.reason}[/dim]  {e.detail}"
+                + (f"  [dim]rule {e.rule}[/dim]" if e.rule else ""),
+                highlight=False,
+            )
+    raise typer.Exit(0)
+
+
+@app.command()
+def log(
+    session: Annotated[
+        str | None, typer.Option("--session", "-s", help="session id or 'last'")
+    ] = None,
+    kind: Annotated[
+        list[str] | None, typer.Option("--kind", "-k", help="dns, conn, http, session, guest, ...")
+    ] = None,
+    json_out: JsonOpt = False,
+    limit: Annotated[int | None, typer.Option("--limit", help="at most this many events")] = None,
+) -> None:
+    """Every attempt of a session (or of everything), from the event store."""
+    from sandgate.events.schema import Kind
+    from sandgate.events.store import Store
+    from sandgate.report.render import events_table
+
+    try:
+        kinds = [Kind(k) for k in kind or []]
+    except ValueError:
+        raise typer.BadParameter(
+            f"choose among {', '.join(k.value for k in Kind)}", param_hint="--kind"
+        ) from None
+    store = Store()
+    try:
+        sid = None
+        if session is not None:
+            row = store.session(session)
+            if row is None:
+                _fail(
+                    SandgateError(
+                        f"no session {session!r} in {store.path}",
+                        "list sessions with `sandgate log --sessions`",
+                    )
+                )
+                return
+            sid = row.id
+        events = store.events(session=sid, kinds=kinds, limit=limit)
+    finally:
+        store.close()
+    if json_out:
+        for e in events:
+            print(json.dumps(e.as_json()))
+    else:
+        out.print(events_table(events))
+
+
+@policy_app.command("check")
+def policy_check(
+    path: Annotated[Path, typer.Argument(help="the policy file")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Validate a policy file; name the line of each mistake and how to fix it."""
+    from sandgate.policy.load import load_policy
+
+    try:
+        pol = load_policy(path)
+    except PolicyError as exc:
+        if json_out:
+            for p in exc.problems:
+                print(
+                    json.dumps(
+                        {
+                            "file": p.file,
+                            "line": p.line,
+                            "column": p.column,
+                            "message": p.message,
+                            "fix": p.fix,
+                        }
+                    )
+                )
+        else:
+            err.print(f"[red]{len(exc.problems)} problem(s)[/red]\n{exc}", highlight=False)
+        raise typer.Exit(1) from None
+    profiles = ", ".join(f"{n} ({p.internet})" for n, p in pol.file.profiles.items())
+    if json_out:
+        print(json.dumps({"file": str(path), "ok": True, "profiles": list(pol.file.profiles)}))
+    else:
+        out.print(f"[green]ok[/green] {path}: profiles {profiles}", highlight=False)
+
+
+@app.command()
+def cleanup(
+    everything: Annotated[
+        bool, typer.Option("--all", help="also what live sandgate processes own")
+    ] = False,
+) -> None:
+    """Remove every kernel object and process sandgate left behind after a crash."""
+    from sandgate.cleanup import cleanup as do_cleanup
+    from sandgate.sandbox.launch import preflight
+
+    try:
+        preflight()
+        result = do_cleanup(everything)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if result.nothing:
+        out.print(
+            "nothing to clean up" + (f" (in use: {', '.join(result.kept)})" if result.kept else "")
+        )
+        return
+    for label, items in (
+        ("processes", result.processes),
+        ("namespaces", result.namespaces),
+        ("links", result.links),
+        ("nftables tables", result.tables),
+    ):
+        if items:
+            out.print(f"removed {label}: {', '.join(str(i) for i in items)}")
+    if result.kept:
+        out.print(f"left (still in use): {', '.join(result.kept)}")
+
+
+def main() -> Any:
+    try:
+        return app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+_ = os

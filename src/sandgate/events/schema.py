@@ -1,0 +1,117 @@
+"""One event schema for every kind of attempt and finding.
+
+A DNS question, a connection attempt (allowed or dropped), an HTTP request, a credential
+swap, a write outside the work dir, a configuration drift: each is one ``Event`` with the same
+fields, so one query answers "what did this session reach for". Field names are constants here
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Kind(enum.StrEnum):
+    DNS = "dns"  # a question to the gateway resolver
+    CONN = "conn"  # a connection attempt seen at L3/L4 (NFLOG)
+    HTTP = "http"  # one request or tunnel through the proxy
+    SESSION = "session"  # a session started or ended
+    GUEST = "guest"  # a guest joined or left the gateway
+    INTEGRITY = "integrity"  # the gateway found itself changed or broken
+    DRIFT = "drift"  # configuration changed during a session
+    STRAY = "stray"  # a write outside the work dir
+    NOTICE = "notice"  # anything else worth a line
+
+
+class Category(enum.StrEnum):
+    """What a person would call the traffic, for reports."""
+
+    DNS = "DNS"
+    NTP = "NTP"
+    ICMP = "ICMP"
+    ICMPV6 = "ICMPv6"
+    TCP = "TCP"
+    UDP = "UDP"
+    L2 = "L2"  # spoofed MAC/ARP/IP or a foreign ethertype at the guest link
+    OTHER = "other"
+
+
+def category_of(protocol: str | None, port: int | None, family: int | None = None) -> Category:
+    if protocol == "icmp":
+        return Category.ICMP
+    if protocol == "ipv6-icmp":
+        return Category.ICMPV6
+    if port == 53 and protocol in ("udp", "tcp"):
+        return Category.DNS
+    if port == 123 and protocol == "udp":
+        return Category.NTP
+    if protocol == "tcp":
+        return Category.TCP
+    if protocol == "udp":
+        return Category.UDP
+    return Category.OTHER
+
+
+# Column names, in table order.
+FIELDS = (
+    "ts",
+    "session",
+    "guest",
+    "kind",
+    "verdict",
+    "rule",
+    "reason",
+    "category",
+    "src",
+    "dst",
+    "port",
+    "protocol",
+    "name",
+    "uid",
+    "pid",
+    "count",
+    "details",
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: Kind
+    ts: float = field(default_factory=time.time)
+    session: str | None = None
+    guest: str | None = None
+    verdict: str | None = None  # "allow" | "deny" | None when the event is not a decision
+    rule: str | None = None
+    reason: str | None = None  # a Reason key such as "deny.private"
+    category: str | None = None
+    src: str | None = None
+    dst: str | None = None
+    port: int | None = None
+    protocol: str | None = None
+    name: str | None = None  # DNS name, SNI, Host
+    uid: int | None = None
+    pid: int | None = None
+    count: int = 1  # packets or repeats folded into this one event
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> tuple[Any, ...]:
+        values = asdict(self)
+        values["kind"] = str(self.kind)
+        values["details"] = json.dumps(self.details, sort_keys=True) if self.details else None
+        return tuple(values[f] for f in FIELDS)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Event:
+        values = {f: row[f] for f in FIELDS}
+        values["kind"] = Kind(values["kind"])
+        values["details"] = json.loads(values["details"]) if values["details"] else {}
+        return cls(**values)
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["kind"] = str(self.kind)
+        return out

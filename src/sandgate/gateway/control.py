@@ -1,0 +1,79 @@
+"""The control socket: JSON lines over a root-only unix socket.
+
+Request  ``{"op": "...", ...}``  →  reply ``{"ok": true, ...}`` or
+``{"ok": false, "error": "...", "fix": "..."}``. The ``watch`` op streams events, one JSON
+object per line, until the client goes away.
+
+Ops: ``ping``, ``add_guest``, ``remove_guest``, ``status``, ``flush``, ``watch``,
+``check`` (integrity), ``shutdown``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sandgate.errors import GatewayError
+
+MAX_LINE = 1 << 20
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    obj = json.loads(line)
+    if not isinstance(obj, dict):
+        raise ValueError("a control message must be a JSON object")
+    return obj
+
+
+class ControlClient:
+    """A blocking client (the CLI and the session runner use it)."""
+
+    def __init__(self, path: Path, timeout: float = 30.0) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(str(path))
+        except OSError as exc:
+            self._sock.close()
+            raise GatewayError(
+                f"the gateway is not answering on {path}: {exc.strerror}",
+                "start one with `sandgate up`, or run `sandgate cleanup` after a crash",
+            ) from exc
+        self._file = self._sock.makefile("rb")
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        try:
+            self._sock.sendall(encode({"op": op, **args}))
+            line = self._file.readline(MAX_LINE)
+        except OSError as exc:
+            raise GatewayError(f"the gateway stopped answering ({exc})") from exc
+        if not line:
+            raise GatewayError("the gateway closed the control connection (did it die?)")
+        reply = decode(line)
+        if not reply.get("ok"):
+            raise GatewayError(reply.get("error", "the gateway refused"), reply.get("fix"))
+        return reply
+
+    def stream(self, op: str, **args: Any) -> Iterator[dict[str, Any]]:
+        self._sock.settimeout(None)
+        self._sock.sendall(encode({"op": op, **args}))
+        for line in self._file:
+            yield decode(line)
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

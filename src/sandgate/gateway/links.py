@@ -1,0 +1,246 @@
+"""Links of the gateway: the uplink, and one point-to-point veth per guest.
+
+Runs inside the gateway daemon, whose every thread is in the gateway namespace; code that must
+act in another namespace (a guest's, the test world's LAN, the host's) does so through a
+verified pyroute2 handle (``ns.iproute``) or an ``NsThread``.
+
+Hardening follows report 001: IPv6 off on every link we make (the kernel would otherwise put
+fe80:: addresses on them and talk), ``arp_ignore=1``/``arp_announce=2`` so the gateway
+answers ARP on a guest link only for that link's own address, strict ``rp_filter``, no
+redirects, no proxy ARP. The netdev ingress chain (net/compile.py) is the second wall.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from sandgate.errors import NetError, SetupError
+from sandgate.gateway.config import Uplink
+from sandgate.net import ns
+from sandgate.net.compile import GuestLink
+
+GUEST_IFNAME = "eth0"
+
+# Namespace-wide settings of the gateway, written before forwarding is switched on.
+GATEWAY_SYSCTLS = {
+    "net.ipv6.conf.all.disable_ipv6": "1",
+    "net.ipv6.conf.default.disable_ipv6": "1",
+    "net.ipv4.conf.all.arp_ignore": "1",
+    "net.ipv4.conf.default.arp_ignore": "1",
+    "net.ipv4.conf.all.arp_announce": "2",
+    "net.ipv4.conf.default.arp_announce": "2",
+    "net.ipv4.conf.all.rp_filter": "1",
+    "net.ipv4.conf.default.rp_filter": "1",
+    "net.ipv4.conf.all.send_redirects": "0",
+    "net.ipv4.conf.default.send_redirects": "0",
+    "net.ipv4.conf.all.accept_redirects": "0",
+    "net.ipv4.conf.default.accept_redirects": "0",
+    "net.ipv4.conf.all.accept_source_route": "0",
+    "net.ipv4.conf.all.proxy_arp": "0",
+}
+
+# In each guest namespace.
+GUEST_SYSCTLS = {
+    "net.ipv6.conf.all.disable_ipv6": "1",
+    "net.ipv6.conf.default.disable_ipv6": "1",
+    # Unprivileged ICMP echo sockets, so `ping` works (and is logged) without file capabilities,
+    # which no-new-privileges disables inside the sandbox.
+    "net.ipv4.ping_group_range": "0 2147483647",
+}
+
+
+def guest_mac(index: int) -> str:
+    """A locally administered, stable MAC per guest index (the ingress chain pins it)."""
+    return f"02:53:47:{(index >> 16) & 0xFF:02x}:{(index >> 8) & 0xFF:02x}:{index & 0xFF:02x}"
+
+
+@dataclass
+class Plumber:
+    """Makes and removes the gateway's links. One per daemon."""
+
+    ipr: Any = None
+
+    def __post_init__(self) -> None:
+        if self.ipr is None:
+            self.ipr = ns.iproute(None)
+
+    def close(self) -> None:
+        self.ipr.close()
+
+    # -- the gateway itself -------------------------------------------------------------------
+
+    def harden_gateway(self) -> None:
+        ns.write_sysctls(GATEWAY_SYSCTLS)
+        lo = self._index("lo")
+        self.ipr.link("set", index=lo, state="up")
+
+    def enable_forwarding(self) -> None:
+        ns.write_sysctls({"net.ipv4.ip_forward": "1"})
+
+    def disable_forwarding(self) -> None:
+        ns.write_sysctls({"net.ipv4.ip_forward": "0"})
+
+    def link_sysctls(self, ifname: str) -> None:
+        ns.write_sysctls(
+            {
+                f"net.ipv6.conf.{ifname}.disable_ipv6": "1",
+                f"net.ipv4.conf.{ifname}.arp_ignore": "1",
+                f"net.ipv4.conf.{ifname}.arp_announce": "2",
+                f"net.ipv4.conf.{ifname}.rp_filter": "1",
+                f"net.ipv4.conf.{ifname}.send_redirects": "0",
+                f"net.ipv4.conf.{ifname}.proxy_arp": "0",
+            }
+        )
+
+    # -- uplink -------------------------------------------------------------------------------
+
+    def make_uplink(self, up: Uplink) -> None:
+        if up.kind == "netns":
+            self._uplink_netns(up)
+        elif up.kind == "host":
+            self._uplink_host(up)
+        else:  # pragma: no cover - config is validated by its type
+            raise NetError(f"unknown uplink kind {up.kind!r}")
+
+    def _uplink_netns(self, up: Uplink) -> None:
+        ns.check_ours(up.peer_netns)
+        fd = os.open(ns.path(up.peer_netns), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.ipr.link(
+                "add",
+                ifname=up.ifname,
+                kind="veth",
+                peer={"ifname": up.peer_ifname, "net_ns_fd": fd},
+            )
+        finally:
+            os.close(fd)
+        self.link_sysctls(up.ifname)
+        peer = ns.iproute(up.peer_netns)
+        try:
+            idx = peer.link_lookup(ifname=up.peer_ifname)[0]
+            if up.peer_master:
+                master = peer.link_lookup(ifname=up.peer_master)[0]
+                peer.link("set", index=idx, master=master)
+            peer.link("set", index=idx, state="up")
+        finally:
+            peer.close()
+        self._address_up(up.ifname, up.address)
+        self.ipr.route("add", dst="default", gateway=up.via)
+
+    def _uplink_host(self, up: Uplink) -> None:
+        ns.check_ours(up.host_ifname)
+        subnet = ipaddress.IPv4Network(up.subnet)
+        host_addr, gw_addr = list(subnet.hosts())[:2]
+        if _read_host_sysctl("net/ipv4/ip_forward") != "1":
+            raise SetupError(
+                "the host does not forward IPv4, so a gateway on the real uplink cannot reach out",
+                "enable it yourself (sysctl -w net.ipv4.ip_forward=1); sandgate does not change "
+                "host-wide settings",
+            )
+        fd = os.open("/proc/1/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.ipr.link(
+                "add",
+                ifname=up.ifname,
+                kind="veth",
+                peer={"ifname": up.host_ifname, "net_ns_fd": fd},
+            )
+        finally:
+            os.close(fd)
+        self.link_sysctls(up.ifname)
+        host = HostLinks()
+        try:
+            host.configure(up.host_ifname, f"{host_addr}/{subnet.prefixlen}")
+        finally:
+            host.close()
+        self._address_up(up.ifname, f"{gw_addr}/{subnet.prefixlen}")
+        self.ipr.route("add", dst="default", gateway=str(host_addr))
+
+    # -- guests -------------------------------------------------------------------------------
+
+    def attach_guest(self, link: GuestLink, guest_netns: str) -> None:
+        """Create the guest's veth (its end is eth0 inside ``guest_netns``); configure both ends."""
+        ns.run_in(guest_netns, lambda: ns.write_sysctls(GUEST_SYSCTLS))
+        fd = os.open(ns.path(guest_netns), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.ipr.link(
+                "add",
+                ifname=link.ifname,
+                kind="veth",
+                peer={"ifname": GUEST_IFNAME, "net_ns_fd": fd, "address": link.mac},
+            )
+        finally:
+            os.close(fd)
+        self.link_sysctls(link.ifname)
+        self._address_up(link.ifname, f"{link.gateway}/30")
+        guest = ns.iproute(guest_netns)
+        try:
+            lo = guest.link_lookup(ifname="lo")[0]
+            guest.link("set", index=lo, state="up")
+            idx = guest.link_lookup(ifname=GUEST_IFNAME)[0]
+            guest.addr("add", index=idx, address=str(link.guest), prefixlen=30)
+            guest.link("set", index=idx, state="up")
+            guest.route("add", dst="default", gateway=str(link.gateway))
+        finally:
+            guest.close()
+
+    def detach_guest(self, link: GuestLink) -> None:
+        found = self.ipr.link_lookup(ifname=link.ifname)
+        if found:
+            self.ipr.link("del", index=found[0])
+
+    def has_link(self, ifname: str) -> bool:
+        return bool(self.ipr.link_lookup(ifname=ifname))
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _index(self, ifname: str) -> int:
+        found = self.ipr.link_lookup(ifname=ifname)
+        if not found:
+            raise NetError(f"no link {ifname} in the gateway")
+        return int(found[0])
+
+    def _address_up(self, ifname: str, cidr: str) -> None:
+        iface = ipaddress.IPv4Interface(cidr)
+        idx = self._index(ifname)
+        self.ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+        self.ipr.link("set", index=idx, state="up")
+
+
+class HostLinks:
+    """The host (root) namespace: only our own ``sg-…`` links, and our own ``sandgate`` table."""
+
+    def __init__(self) -> None:
+        self._worker = ns.NsThread("/proc/1/ns/net")
+
+    def configure(self, ifname: str, cidr: str) -> None:
+        ns.check_ours(ifname)
+        iface = ipaddress.IPv4Interface(cidr)
+
+        def work() -> None:
+            from pyroute2 import IPRoute
+
+            ns.write_sysctls(
+                {
+                    f"net.ipv6.conf.{ifname}.disable_ipv6": "1",
+                    f"net.ipv4.conf.{ifname}.arp_ignore": "1",
+                    f"net.ipv4.conf.{ifname}.rp_filter": "1",
+                }
+            )
+            with IPRoute() as ipr:
+                idx = ipr.link_lookup(ifname=ifname)[0]
+                ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+                ipr.link("set", index=idx, state="up")
+
+        self._worker.call(work)
+
+    def close(self) -> None:
+        self._worker.close()
+
+
+def _read_host_sysctl(key: str) -> str:
+    with ns.NsThread("/proc/1/ns/net") as w:
+        return w.call(lambda: open(f"/proc/sys/{key}").read().strip())

@@ -1,0 +1,506 @@
+"""The gateway's event loop: rules, links, resolver, logs and the control socket.
+
+Entered from ``gateway/daemon.py`` after the process has its own namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sandgate.errors import SandgateError
+from sandgate.events.schema import Event, Kind
+from sandgate.events.store import Store
+from sandgate.gateway import control
+from sandgate.gateway.attribution import Attributor, FlowKey
+from sandgate.gateway.config import GatewayConfig
+from sandgate.gateway.links import Plumber, guest_mac
+from sandgate.gateway.logreader import gateway_event, guest_flow, proto_name
+from sandgate.gateway.resolver import GuestDNS, PinPorts, Resolver
+from sandgate.net import ns
+from sandgate.net.compile import (
+    GROUP_ACCEPT,
+    GROUP_DROP,
+    GROUP_GUEST,
+    TABLE,
+    GuestLink,
+    Limits,
+    Site,
+    base_ruleset,
+    guest_add,
+    guest_remove,
+    guest_uid_log,
+    pin_elements,
+)
+from sandgate.net.nflog import NflogPacket, NflogSocket
+from sandgate.net.nft import Nft, batch
+from sandgate.policy.decide import Attempt, decide
+from sandgate.policy.load import load_policy
+from sandgate.policy.model import Mode, Protocol
+from sandgate.policy.profile import Profile
+
+T = TypeVar("T")
+
+FLUSH_INTERVAL = 0.1
+NFLOG_SETTLE = 0.15  # the kernel batches NFLOG for up to 100 ms (timeout 10 cs)
+
+
+@dataclass
+class Guest:
+    link: GuestLink
+    netns: str
+    session: str | None
+    profile: Profile
+    sites: dict[str, Site]
+    dns: GuestDNS
+    uid: int | None = None
+    uidlog: NflogSocket | None = None
+    started: float = field(default_factory=time.time)
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.pool = ipaddress.ip_network(cfg.guest_pool)
+        self.public_override = tuple(ipaddress.ip_network(n) for n in cfg.public_override)
+        self.limits = Limits(drop_log_rate=cfg.drop_log_rate, drop_log_burst=2 * cfg.drop_log_rate)
+        self.guests: dict[str, Guest] = {}
+        self.by_address: dict[str, Guest] = {}
+        self.sites: dict[str, Site] = {}
+        self.pending: list[Event] = []
+        self.watchers: list[asyncio.Queue[Event]] = []
+        self.stop = asyncio.Event()
+        self.store = Store(cfg.store) if cfg.store else Store()
+        self.attributor = Attributor(self._emit, self._infer)
+        self.resolver = Resolver(list(cfg.upstream_dns), self._emit_flow, self._pin)
+        self.nft = Nft()
+        # pyroute2's synchronous API runs an event loop of its own, which cannot run on the
+        # thread of ours: every netlink call goes to this one thread (in our namespace too).
+        self.netlink = ThreadPoolExecutor(1, thread_name_prefix="netlink")
+        self.plumber: Plumber = self.netlink.submit(Plumber).result()
+        self._readers: list[NflogSocket] = []
+        self._lock = asyncio.Lock()
+
+    # -- start and stop -----------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self._nl(self.plumber.harden_gateway)
+        cmds, sites = base_ruleset(
+            self.cfg.uplink.ifname,
+            self.pool,
+            public_override=self.public_override,
+            limits=self.limits,
+        )
+        self.nft.run(batch(*cmds))
+        self.sites.update(sites)
+        await self._nl(self.plumber.make_uplink, self.cfg.uplink)
+        # Rules first, forwarding second: never a moment of forwarding without a policy.
+        await self._nl(self.plumber.enable_forwarding)
+        for group in (GROUP_DROP, GROUP_ACCEPT):
+            sock = NflogSocket(group)
+            self._readers.append(sock)
+            loop.add_reader(sock.fileno(), self._on_gateway_log, sock)
+
+        run_dir = self.cfg.run_dir
+        sock_path = self.cfg.control_path
+        sock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(sock_path.parent, 0o700)  # the control socket is root's only
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()
+        server = await asyncio.start_unix_server(
+            self._client, path=str(sock_path), limit=control.MAX_LINE
+        )
+        os.chmod(sock_path, 0o600)
+        (run_dir / "daemon.pid").write_text(str(os.getpid()))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        ticker = asyncio.ensure_future(self._ticker())
+        self._emit(Event(kind=Kind.NOTICE, details={"gateway": "up", "pid": os.getpid()}))
+        sys.stdout.write(
+            "READY " + json.dumps({"pid": os.getpid(), "control": str(sock_path)}) + "\n"
+        )
+        sys.stdout.flush()
+        try:
+            await self.stop.wait()
+        finally:
+            ticker.cancel()
+            server.close()
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for name in list(self.guests):
+            with contextlib.suppress(Exception):
+                await self.remove_guest(name)
+        await self._nl(self.plumber.disable_forwarding)
+        self._emit(Event(kind=Kind.NOTICE, details={"gateway": "down"}))
+        self._flush_events()
+        self.resolver.upstream.close()
+        for sock in self._readers:
+            sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.cfg.control_path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (self.cfg.run_dir / "daemon.pid").unlink()
+        self.store.close()
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL)
+            self.attributor.tick(time.monotonic())
+            self._flush_events()
+
+    async def _nl(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.netlink, fn, *args)
+
+    # -- guests -------------------------------------------------------------------------------
+
+    async def add_guest(self, msg: dict[str, Any]) -> dict[str, Any]:
+        async with self._lock:
+            index = next(
+                i for i in range(self.pool.num_addresses // 4) if f"g{i}" not in self.guests
+            )
+            link = GuestLink.from_pool(self.pool, index, guest_mac(index))
+            policy = load_policy(msg.get("policy"))
+            mode = Mode(msg["mode"]) if msg.get("mode") else None
+            profile = policy.profile(
+                msg.get("profile"),
+                mode=mode,
+                extra_allow=msg.get("allow", ()),
+                extra_deny=msg.get("deny", ()),
+                public_override=self.public_override,
+                gateway_address=link.gateway,
+            )
+            netns = msg["netns"]
+            ns.check_ours(netns)
+            undo: list[Any] = []
+            try:
+                await self._nl(self.plumber.attach_guest, link, netns)
+                undo.append(lambda: self.netlink.submit(self.plumber.detach_guest, link).result())
+                ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
+                cmds, sites = guest_add(link, profile, self.limits)
+                self.nft.run(batch(*cmds))
+                undo.append(
+                    lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile.mode)))
+                )
+                key = "|".join(
+                    map(
+                        str,
+                        (
+                            policy.source,
+                            profile.name,
+                            profile.mode,
+                            msg.get("allow"),
+                            msg.get("deny"),
+                        ),
+                    )
+                )
+                dns = GuestDNS(link, msg.get("session"), profile, key)
+                await self.resolver.start_guest(dns)
+                undo.append(lambda: None)
+                uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
+            except BaseException:
+                for step in reversed(undo):
+                    with contextlib.suppress(Exception):
+                        step()
+                raise
+            guest = Guest(
+                link, netns, msg.get("session"), profile, sites, dns, msg.get("uid"), uidlog
+            )
+            asyncio.get_running_loop().add_reader(uidlog.fileno(), self._on_guest_log, guest)
+            self.guests[link.ifname] = guest
+            self.by_address[str(link.guest)] = guest
+            self.sites.update(sites)
+        self._emit(
+            Event(
+                kind=Kind.GUEST,
+                session=guest.session,
+                guest=link.ifname,
+                details={
+                    "joined": True,
+                    "profile": profile.name,
+                    "mode": str(profile.mode),
+                    "address": str(link.guest),
+                },
+            )
+        )
+        return {
+            "guest": link.ifname,
+            "index": index,
+            "address": str(link.guest),
+            "gateway": str(link.gateway),
+            "profile": profile.name,
+            "mode": str(profile.mode),
+            "policy": policy.source,
+        }
+
+    async def remove_guest(self, name: str) -> dict[str, Any]:
+        guest = self.guests.get(name)
+        if guest is None:
+            raise SandgateError(f"no guest {name!r} on this gateway")
+        await asyncio.sleep(NFLOG_SETTLE)
+        for sock in self._readers:
+            self._on_gateway_log(sock)
+        if guest.uidlog is not None:
+            self._on_guest_log(guest)
+        self.attributor.flush(name, time.monotonic())
+        counters = self._counters(guest)
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            if guest.uidlog is not None:
+                loop.remove_reader(guest.uidlog.fileno())
+                guest.uidlog.close()
+            await self.resolver.stop_guest(guest.dns)
+            with contextlib.suppress(SandgateError):
+                self.nft.run(
+                    batch(*guest_remove(guest.link, guest.sites.values(), guest.profile.mode))
+                )
+            await self._nl(self.plumber.detach_guest, guest.link)
+            del self.guests[name]
+            self.by_address.pop(str(guest.link.guest), None)
+        self._emit(
+            Event(
+                kind=Kind.GUEST,
+                session=guest.session,
+                guest=name,
+                details={"joined": False, "counters": counters},
+            )
+        )
+        self._flush_events()
+        return {"guest": name, "counters": counters}
+
+    def _counters(self, guest: Guest) -> dict[str, dict[str, Any]]:
+        """Exact per-site packet counts for one guest (the logs may be rate-limited)."""
+        out: dict[str, dict[str, Any]] = {}
+        for family in ("inet", "netdev"):
+            try:
+                listing = self.nft.run({"nftables": [{"list": {"counters": {"family": family}}}]})
+            except SandgateError:
+                continue
+            for item in (listing or {}).get("nftables", []):
+                c = item.get("counter")
+                if not c or c.get("table") != TABLE:
+                    continue
+                for site in guest.sites.values():
+                    if site.counter == c["name"] and c.get("packets"):
+                        out[site.prefix] = {
+                            "packets": c["packets"],
+                            "verdict": site.verdict,
+                            "reason": site.reason,
+                            "rule": site.rule,
+                        }
+        return out
+
+    # -- logs -----------------------------------------------------------------------------------
+
+    def _on_gateway_log(self, sock: NflogSocket) -> None:
+        for pkt in sock.read():
+            site = self.sites.get(pkt.prefix)
+            if site is None:
+                continue
+            key, event = gateway_event(pkt, site, self._guest_of)
+            if key is None:
+                self._emit(event)
+            else:
+                self.attributor.submit(key, event, time.monotonic())
+
+    def _on_guest_log(self, guest: Guest) -> None:
+        if guest.uidlog is None:
+            return
+        for pkt in guest.uidlog.read():
+            self._sender(guest, pkt)
+
+    def _sender(self, guest: Guest, pkt: NflogPacket) -> None:
+        key, uid = guest_flow(guest.link.ifname, pkt)
+        self.attributor.sender(key, uid, time.monotonic())
+        if key[4] == 53 and key[1] in ("udp", "tcp") and key[3] != str(guest.link.gateway):
+            # A DNS packet to another server is redirected: the resolver sees it at the gateway.
+            alias: FlowKey = (key[0], key[1], key[2], str(guest.link.gateway), 53)
+            self.attributor.sender(alias, uid, time.monotonic())
+
+    def _guest_of(self, address: str | None) -> tuple[str, str | None] | None:
+        guest = self.by_address.get(address or "")
+        return (guest.link.ifname, guest.session) if guest else None
+
+    def _infer(self, key: FlowKey, uid: int | None, ts: float) -> Event | None:
+        """A flow the guest sent that the gateway did not report (its log was rate-limited)."""
+        guest = self.guests.get(key[0])
+        if guest is None:
+            return None
+        name, proto, sport, dst, dport = key
+        if proto == "udp" and dport == 53:
+            return None  # the resolver reports every question itself
+        try:
+            address = ipaddress.ip_address(dst)
+            protocol = Protocol(proto)
+        except ValueError:
+            return None
+        port = dport if protocol is not Protocol.ICMP else None
+        d = decide(guest.profile, Attempt(protocol, address, port))
+        return Event(
+            kind=Kind.CONN,
+            session=guest.session,
+            guest=name,
+            verdict=d.verdict.value,
+            rule=d.rule_ref,
+            reason=d.key,
+            src=str(guest.link.guest),
+            dst=dst,
+            port=port,
+            protocol=proto,
+            category=None,
+            details={"inferred": True, "sport": sport},
+        )
+
+    def _pin(self, dns: GuestDNS, addresses: tuple[str, ...], ttl: int, ports: PinPorts) -> None:
+        cmds = [pin_elements(dns.link, a, ttl, ports, self.limits) for a in addresses]
+        self.nft.run(batch(*cmds))
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _emit_flow(self, key: FlowKey, event: Event) -> None:
+        self.attributor.submit(key, event, time.monotonic())
+
+    def _emit(self, event: Event) -> None:
+        if event.session is None and event.guest in self.guests:
+            event = dataclasses.replace(event, session=self.guests[event.guest].session)
+        if event.category is None and event.kind is Kind.CONN:
+            from sandgate.events.schema import category_of
+
+            event = dataclasses.replace(
+                event, category=category_of(event.protocol, event.port).value
+            )
+        self.pending.append(event)
+        for q in self.watchers:
+            q.put_nowait(event)
+
+    def _flush_events(self) -> None:
+        if not self.pending:
+            return
+        events, self.pending = self.pending, []
+        try:
+            self.store.add(events)
+        except Exception:  # the store must never take the gateway down
+            traceback.print_exc(file=sys.stderr)
+
+    # -- control ------------------------------------------------------------------------------
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                try:
+                    msg = control.decode(line)
+                    op = msg.get("op")
+                    if op == "watch":
+                        await self._watch(writer)
+                        return
+                    reply = {"ok": True, **await self._dispatch(str(op), msg)}
+                except SandgateError as exc:
+                    reply = {"ok": False, "error": exc.message, "fix": exc.fix}
+                except (ValueError, KeyError, TypeError) as exc:
+                    reply = {"ok": False, "error": f"bad request: {exc}"}
+                except Exception as exc:  # report, never die of one request
+                    traceback.print_exc(file=sys.stderr)
+                    reply = {"ok": False, "error": f"internal error: {exc}"}
+                writer.write(control.encode(reply))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _dispatch(self, op: str, msg: dict[str, Any]) -> dict[str, Any]:
+        if op == "ping":
+            return {"pid": os.getpid(), "guests": len(self.guests)}
+        if op == "add_guest":
+            return await self.add_guest(msg)
+        if op == "remove_guest":
+            return await self.remove_guest(str(msg["guest"]))
+        if op == "flush":
+            await asyncio.sleep(NFLOG_SETTLE)
+            for sock in self._readers:
+                self._on_gateway_log(sock)
+            for guest in self.guests.values():
+                self._on_guest_log(guest)
+            self.attributor.tick(time.monotonic() + 10)
+            self._flush_events()
+            return {}
+        if op == "status":
+            return {
+                "pid": os.getpid(),
+                "guests": {
+                    n: {
+                        "address": str(g.link.guest),
+                        "session": g.session,
+                        "profile": g.profile.name,
+                        "mode": str(g.profile.mode),
+                    }
+                    for n, g in self.guests.items()
+                },
+                "questions": self.resolver.questions,
+                "attributed": self.attributor.attributed,
+                "unattributed": self.attributor.unattributed,
+                "nflog_lost": sum(s.lost for s in self._readers),
+            }
+        if op == "shutdown":
+            self.stop.set()
+            return {}
+        raise SandgateError(f"unknown control op {op!r}")
+
+    async def _watch(self, writer: asyncio.StreamWriter) -> None:
+        q: asyncio.Queue[Event] = asyncio.Queue()
+        self.watchers.append(q)
+        try:
+            while True:
+                event = await q.get()
+                writer.write(control.encode(event.as_json()))
+                await writer.drain()
+        finally:
+            self.watchers.remove(q)
+
+
+def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
+    nft = Nft()
+    try:
+        nft.run(batch(*cmds))
+    finally:
+        nft.close()
+
+
+def run(config_path: str) -> int:
+    cfg = GatewayConfig.load(Path(config_path).read_text())
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        factory = asyncio.new_event_loop
+
+    async def main() -> None:
+        await Gateway(cfg).serve()
+
+    try:
+        # uvloop for our loop only: the default policy stays, so pyroute2's own loops
+        # (which open netlink sockets uvloop cannot) are plain asyncio ones.
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(main())
+    except SandgateError as exc:
+        sys.stderr.write(f"sandgate gateway: {exc}\n")
+        return 1
+    return 0
+
+
+__all__ = ["Gateway", "proto_name", "run"]

@@ -1,0 +1,557 @@
+"""A profile compiled to nftables JSON, for the gateway namespace and for each guest namespace.
+
+The forward chain of each guest follows ``decide()`` step by step (see policy/decide.py), so
+the kernel reaches the same verdict ``decide()`` does for every address-level attempt:
+
+    deny rules → other guests (lateral) → allow rules (a special block only if the rule names
+    it or a part of it) → special-purpose ranges → QUIC, DNS-over-TLS → the mode
+    (open: accept; allowlist: addresses its allowed names resolved to; locked: drop)
+
+DNS to any server is redirected to the gateway's own resolver before routing (prerouting), and
+the gateway's own ports are closed but for that resolver (input). A netdev ingress chain on each
+guest link admits only IPv4 and ARP from the guest's own MAC and address: spoofed sources,
+IPv6 and other ethertypes never reach routing.
+
+Every verdict site jumps to a small chain of its own: an exact named counter, then NFLOG
+(rate-limited for drops), then the verdict. The NFLOG prefix names the site; ``Site`` records
+what it means (guest, verdict, reason, rule) so a log line is attributed without parsing rules.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandgate.policy.classify import BLOCKS, special_networks
+from sandgate.policy.decide import Reason
+from sandgate.policy.model import IPNetwork, Mode, Protocol
+from sandgate.policy.profile import Profile, Rule
+
+Json = dict[str, Any]
+
+TABLE = "sandgate"
+GROUP_DROP = 1  # NFLOG group for drops in the gateway namespace
+GROUP_ACCEPT = 2  # accepted new flows
+GROUP_GUEST = 3  # in each guest namespace: new outbound flows with the sending uid
+PINNED_MAX_PORTS = 256  # port-scoped allowlist rules with wider ranges pin the address only
+
+
+@dataclass(frozen=True)
+class Limits:
+    drop_log_rate: int = 500  # NFLOG events per second per site; counters stay exact
+    drop_log_burst: int = 1000
+    pin_timeout_min: int = 60  # seconds an allowlisted address stays pinned at least
+    pin_timeout_max: int = 3600
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place in the ruleset that decides: what its log lines mean."""
+
+    prefix: str  # the NFLOG prefix, e.g. "sg:g5:3"
+    guest: str | None  # guest link name, None for gateway-wide sites
+    verdict: str  # "allow" | "deny"
+    reason: str  # Reason key, e.g. "deny.special" (refined by the reader from the address)
+    rule: str | None = None  # rule reference and label, e.g. "coder.allow[0] (model server)"
+    counter: str = ""
+
+
+@dataclass(frozen=True)
+class GuestLink:
+    """One guest's point-to-point link, as seen from the gateway."""
+
+    index: int
+    ifname: str  # the gateway-side link name, e.g. "g5"
+    subnet: ipaddress.IPv4Network
+    gateway: ipaddress.IPv4Address
+    guest: ipaddress.IPv4Address
+    mac: str  # the guest end's MAC address
+
+    @classmethod
+    def from_pool(cls, pool: IPNetwork, index: int, mac: str) -> GuestLink:
+        base = int(pool.network_address) + 4 * index
+        subnet = ipaddress.IPv4Network((base, 30))
+        if not subnet.subnet_of(pool):  # type: ignore[arg-type]
+            raise ValueError(f"guest {index} does not fit in the guest pool {pool}")
+        return cls(
+            index,
+            f"g{index}",
+            subnet,
+            ipaddress.IPv4Address(base + 1),
+            ipaddress.IPv4Address(base + 2),
+            mac,
+        )
+
+
+@dataclass
+class _Builder:
+    """Collects commands and sites for one table."""
+
+    family: str
+    limits: Limits
+    cmds: list[Json] = field(default_factory=list)
+    sites: dict[str, Site] = field(default_factory=dict)
+
+    def add(self, kind: str, **spec: Any) -> None:
+        self.cmds.append({"add": {kind: {"family": self.family, "table": TABLE, **spec}}})
+
+    def rule(self, chain: str, *expr: Json) -> None:
+        self.add("rule", chain=chain, expr=list(expr))
+
+    def site(
+        self,
+        chain_prefix: str,
+        guest: str | None,
+        verdict: str,
+        reason: str,
+        rule: Rule | None = None,
+        *,
+        log: bool = True,
+    ) -> Json:
+        """Make a verdict chain; return the ``jump`` statement that leads to it."""
+        n = sum(1 for s in self.sites.values() if s.guest == guest)
+        name = f"{chain_prefix}_{n}"
+        prefix = f"sg:{guest or '-'}:{n}"
+        counter = f"c_{name}"
+        self.add("counter", name=counter)
+        self.add("chain", name=name)
+        self.rule(name, {"counter": counter})
+        if verdict == "deny":
+            if log:
+                self.rule(name, _limit_over(self.limits), {"drop": None})
+                self.rule(name, _log(prefix, GROUP_DROP), {"drop": None})
+            else:
+                self.rule(name, {"drop": None})
+        else:
+            self.rule(name, *([_log(prefix, GROUP_ACCEPT)] if log else []), {"accept": None})
+        self.sites[prefix] = Site(
+            prefix, guest, verdict, reason, str(rule) if rule else None, counter
+        )
+        return {"jump": {"target": name}}
+
+    def mark(self, guest: str | None, verdict: str, reason: str) -> list[Json]:
+        """A logging site inside another rule (no verdict of its own): counter, limit, log."""
+        n = sum(1 for s in self.sites.values() if s.guest == guest)
+        prefix = f"sg:{guest or '-'}:{n}"
+        counter = f"c_mark_{n}"
+        self.add("counter", name=counter)
+        self.sites[prefix] = Site(prefix, guest, verdict, reason, None, counter)
+        return [{"counter": counter}, _limit(self.limits), _log(prefix, GROUP_DROP)]
+
+
+def base_ruleset(
+    uplink: str,
+    pool: IPNetwork,
+    *,
+    public_override: Iterable[IPNetwork] = (),
+    limits: Limits = Limits(),
+) -> tuple[list[Json], dict[str, Site]]:
+    """The gateway-wide tables; per-guest parts are added with ``guest_add``."""
+    b = _Builder("inet", limits)
+    cmds: list[Json] = [
+        {"add": {"table": {"family": "inet", "name": TABLE}}},
+        {"delete": {"table": {"family": "inet", "name": TABLE}}},
+        {"add": {"table": {"family": "inet", "name": TABLE}}},
+        {"add": {"table": {"family": "netdev", "name": TABLE}}},
+        {"delete": {"table": {"family": "netdev", "name": TABLE}}},
+        {"add": {"table": {"family": "netdev", "name": TABLE}}},
+    ]
+    b.add(
+        "set",
+        name="special4",
+        type="ipv4_addr",
+        flags=["interval"],
+        elem=_prefixes(special4(public_override)) or [_prefix(ipaddress.ip_network("0.0.0.0/32"))],
+    )
+    b.add("map", name="fwd", type="ifname", map="verdict")
+    b.add("map", name="in", type="ifname", map="verdict")
+    b.add("chain", name="forward", type="filter", hook="forward", prio=0, policy="drop")
+    b.add("chain", name="input", type="filter", hook="input", prio=0, policy="drop")
+    b.add("chain", name="output", type="filter", hook="output", prio=0, policy="accept")
+    b.add("chain", name="prerouting", type="nat", hook="prerouting", prio=-100, policy="accept")
+    b.add("chain", name="postrouting", type="nat", hook="postrouting", prio=100, policy="accept")
+
+    invalid = b.site("gw", None, "deny", "deny.invalid")
+    ipv6 = b.site("gw", None, "deny", Reason.IPV6.key)
+    inbound = b.site("gw", None, "deny", "deny.inbound")
+    unknown = b.site("gw", None, "deny", "deny.unknown_link")
+    b.rule("forward", _ct_state("established", "related"), {"accept": None})
+    b.rule("forward", _ct_state("invalid"), invalid)
+    b.rule("forward", _match(_meta("nfproto"), "ipv6"), ipv6)
+    b.rule("forward", {"vmap": {"key": _meta("iifname"), "data": "@fwd"}})
+    b.rule("forward", _match(_meta("iifname"), uplink), inbound)
+    b.rule("forward", unknown)
+
+    b.rule("input", _match(_meta("iif"), "lo"), {"accept": None})
+    b.rule("input", _ct_state("established", "related"), {"accept": None})
+    b.rule("input", {"vmap": {"key": _meta("iifname"), "data": "@in"}})
+    b.rule("input", _match(_meta("iifname"), uplink), inbound)
+    b.rule("input", unknown)
+
+    # Every DNS packet from a guest, to any server, is answered by the gateway's resolver.
+    # The attempt to use another server is logged as such (only the first packet of a flow
+    # reaches a nat chain) before being redirected.
+    dns = [
+        _match(_meta("iifname"), "g*"),
+        _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
+        _match(_payload("th", "dport"), 53),
+    ]
+    not_local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local", op="!=")
+    b.rule("prerouting", *dns, not_local, *b.mark(None, "deny", Reason.DNS_REDIRECT.key))
+    b.rule("prerouting", *dns, {"redirect": {"port": 53}})
+    b.rule(
+        "postrouting",
+        _match(_meta("oifname"), uplink),
+        _match(_payload("ip", "saddr"), _prefix(pool)),
+        {"masquerade": None},
+    )
+    cmds += b.cmds
+    return cmds, b.sites
+
+
+def guest_add(
+    link: GuestLink, profile: Profile, limits: Limits = Limits()
+) -> tuple[list[Json], dict[str, Site]]:
+    """Commands that add one guest (apply them in one batch, after ``base_ruleset``)."""
+    g = link.ifname
+    b = _Builder("inet", limits)
+    fwd, inp = f"fwd_{g}", f"in_{g}"
+    b.add("chain", name=fwd)
+    b.add("chain", name=inp)
+    if profile.mode is Mode.ALLOWLIST:
+        b.add("set", name=f"pin_{g}", type="ipv4_addr", flags=["timeout"])
+        b.add(
+            "set",
+            name=f"pinp_{g}",
+            type=["ipv4_addr", "inet_proto", "inet_service"],
+            flags=["timeout"],
+        )
+
+    for rule in profile.deny:
+        if rule.spec.network is not None and rule.spec.network.version == 4:
+            b.rule(fwd, *_rule_match(rule), b.site(fwd, g, "deny", Reason.RULE_DENY.key, rule))
+    b.rule(
+        fwd,
+        _match(_payload("ip", "daddr"), _prefix(profile.guest_pool)),
+        b.site(fwd, g, "deny", Reason.LATERAL.key),
+    )
+    for rule in profile.allow:
+        net = rule.spec.network
+        if net is None or net.version != 4:
+            continue
+        inner = _inner_special(net, profile.public_override)
+        exclude = (
+            [_match(_payload("ip", "daddr"), {"set": _prefixes(inner)}, op="!=")] if inner else []
+        )
+        reason = Reason.EXEMPT.key if _is_exemption(net) else Reason.RULE_ALLOW.key
+        b.rule(fwd, *_rule_match(rule), *exclude, b.site(fwd, g, "allow", reason, rule))
+    b.rule(
+        fwd, _match(_payload("ip", "daddr"), "@special4"), b.site(fwd, g, "deny", "deny.special")
+    )
+    b.rule(
+        fwd,
+        _match(_meta("l4proto"), "udp"),
+        _match(_payload("th", "dport"), 443),
+        b.site(fwd, g, "deny", Reason.QUIC.key),
+    )
+    b.rule(
+        fwd,
+        _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
+        _match(_payload("th", "dport"), 853),
+        b.site(fwd, g, "deny", Reason.DNS_BYPASS.key),
+    )
+    if profile.mode is Mode.OPEN:
+        b.rule(fwd, b.site(fwd, g, "allow", Reason.OPEN.key))
+    elif profile.mode is Mode.ALLOWLIST:
+        pinned = b.site(fwd, g, "allow", Reason.PINNED.key)
+        b.rule(fwd, _match(_payload("ip", "daddr"), f"@pin_{g}"), pinned)
+        key = {"concat": [_payload("ip", "daddr"), _meta("l4proto"), _payload("th", "dport")]}
+        b.rule(fwd, _match(key, f"@pinp_{g}"), pinned)
+        b.rule(fwd, b.site(fwd, g, "deny", Reason.NOT_ALLOWLISTED.key))
+    else:
+        b.rule(fwd, b.site(fwd, g, "deny", Reason.LOCKED.key))
+
+    # The gateway itself: the guest's own resolver and nothing else.
+    own = _match(_payload("ip", "daddr"), str(link.gateway))
+    b.rule(
+        inp,
+        own,
+        _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
+        _match(_payload("th", "dport"), 53),
+        {"accept": None},
+    )
+    b.rule(inp, own, b.site(inp, g, "deny", Reason.GATEWAY_PORT.key))
+    b.rule(inp, b.site(inp, g, "deny", Reason.LATERAL.key))
+
+    b.add("element", name="fwd", elem=[[g, {"jump": {"target": fwd}}]])
+    b.add("element", name="in", elem=[[g, {"jump": {"target": inp}}]])
+    cmds = b.cmds
+    nd_cmds, nd_sites = _guest_ingress(link, limits)
+    return cmds + nd_cmds, {**b.sites, **nd_sites}
+
+
+def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[str, Site]]:
+    """netdev ingress on the guest link: only IPv4 and ARP, from the guest's own MAC and address."""
+    g = link.ifname
+    b = _Builder("netdev", limits)
+    chain = f"ing_{g}"
+    b.add("chain", name=chain, type="filter", hook="ingress", dev=g, prio=-500, policy="drop")
+    # Sites are numbered apart from the inet table's by their chain-name prefix.
+    mac_spoof = b.site(f"l2_{g}", f"{g}/l2", "deny", "deny.spoof_mac")
+    ip_spoof = b.site(f"l2_{g}", f"{g}/l2", "deny", "deny.spoof_ip")
+    arp_spoof = b.site(f"l2_{g}", f"{g}/l2", "deny", "deny.spoof_arp")
+    ipv6 = b.site(f"l2_{g}", f"{g}/l2", "deny", Reason.IPV6.key)
+    other = b.site(f"l2_{g}", f"{g}/l2", "deny", "deny.ethertype")
+    ether_type = _payload("ether", "type")
+    b.rule(chain, _match(_payload("ether", "saddr"), link.mac, op="!="), mac_spoof)
+    b.rule(
+        chain,
+        _match(ether_type, "ip"),
+        _match(_payload("ip", "saddr"), str(link.guest)),
+        {"accept": None},
+    )
+    b.rule(chain, _match(ether_type, "ip"), ip_spoof)
+    b.rule(
+        chain,
+        _match(ether_type, "arp"),
+        _match(_payload("arp", "saddr ip"), str(link.guest)),
+        {"accept": None},
+    )
+    b.rule(chain, _match(ether_type, "arp"), arp_spoof)
+    b.rule(chain, _match(ether_type, "ip6"), ipv6)
+    b.rule(chain, other)
+    return b.cmds, b.sites
+
+
+def guest_remove(link: GuestLink, sites: Iterable[Site], mode: Mode) -> list[Json]:
+    """Commands that remove everything ``guest_add`` made for this guest (one batch)."""
+    g = link.ifname
+    cmds: list[Json] = [
+        {"delete": {"element": {"family": "inet", "table": TABLE, "name": "fwd", "elem": [g]}}},
+        {"delete": {"element": {"family": "inet", "table": TABLE, "name": "in", "elem": [g]}}},
+    ]
+    chains = {"inet": [f"fwd_{g}", f"in_{g}"], "netdev": [f"ing_{g}"]}
+    counters: dict[str, list[str]] = {"inet": [], "netdev": []}
+    for site in sites:
+        fam = "netdev" if site.guest and site.guest.endswith("/l2") else "inet"
+        chains[fam].append(site.counter.removeprefix("c_"))
+        counters[fam].append(site.counter)
+    for fam, names in chains.items():
+        cmds += [{"flush": {"chain": {"family": fam, "table": TABLE, "name": n}}} for n in names]
+    for fam, names in chains.items():
+        cmds += [{"delete": {"chain": {"family": fam, "table": TABLE, "name": n}}} for n in names]
+    for fam, names in counters.items():
+        cmds += [{"delete": {"counter": {"family": fam, "table": TABLE, "name": n}}} for n in names]
+    if mode is Mode.ALLOWLIST:
+        cmds += [
+            {"delete": {"set": {"family": "inet", "table": TABLE, "name": f"{s}_{g}"}}}
+            for s in ("pin", "pinp")
+        ]
+    return cmds
+
+
+def guest_uid_log() -> list[Json]:
+    """The table in each guest's own namespace: log every new outbound flow with its uid.
+
+    The guest's processes hold no capability in that namespace, so they cannot change it.
+    It drops nothing the gateway would pass; it exists for attribution (uid, and the 5-tuple
+    before NAT), and drops IPv6 as a second wall behind the disabled IPv6 on the link.
+    """
+    t = {"family": "inet", "table": TABLE}
+    return [
+        {"add": {"table": {"family": "inet", "name": TABLE}}},
+        {"delete": {"table": {"family": "inet", "name": TABLE}}},
+        {"add": {"table": {"family": "inet", "name": TABLE}}},
+        {
+            "add": {
+                "chain": {
+                    **t,
+                    "name": "output",
+                    "type": "filter",
+                    "hook": "output",
+                    "prio": -150,
+                    "policy": "accept",
+                }
+            }
+        },
+        {
+            "add": {
+                "rule": {
+                    **t,
+                    "chain": "output",
+                    "expr": [_match(_meta("oif"), "lo"), {"accept": None}],
+                }
+            }
+        },
+        {
+            "add": {
+                "rule": {
+                    **t,
+                    "chain": "output",
+                    "expr": [_ct_state("new"), _log("sg:uid", GROUP_GUEST, qthresh=1)],
+                }
+            }
+        },
+        {
+            "add": {
+                "rule": {
+                    **t,
+                    "chain": "output",
+                    "expr": [_match(_meta("nfproto"), "ipv6"), {"drop": None}],
+                }
+            }
+        },
+    ]
+
+
+def pin_elements(
+    link: GuestLink,
+    address: str,
+    ttl: int,
+    ports: Iterable[tuple[Protocol, int]] | None,
+    limits: Limits = Limits(),
+) -> Json:
+    """Pin an allowlisted address (any port, or given protocol/ports), timing out with its TTL."""
+    timeout = max(limits.pin_timeout_min, min(ttl, limits.pin_timeout_max))
+    if ports is None:
+        return {
+            "add": {
+                "element": {
+                    "family": "inet",
+                    "table": TABLE,
+                    "name": f"pin_{link.ifname}",
+                    "elem": [{"elem": {"val": address, "timeout": timeout}}],
+                }
+            }
+        }
+    elems = [
+        {"elem": {"val": {"concat": [address, proto.value, port]}, "timeout": timeout}}
+        for proto, port in ports
+    ]
+    return {
+        "add": {
+            "element": {
+                "family": "inet",
+                "table": TABLE,
+                "name": f"pinp_{link.ifname}",
+                "elem": elems,
+            }
+        }
+    }
+
+
+def special4(public_override: Iterable[IPNetwork] = ()) -> list[ipaddress.IPv4Network]:
+    """The IPv4 special-purpose space, minus what the test world declares public."""
+    nets = [n for n in special_networks(4) if isinstance(n, ipaddress.IPv4Network)]
+    return _subtract(nets, [o for o in public_override if isinstance(o, ipaddress.IPv4Network)])
+
+
+def _subtract(
+    nets: list[ipaddress.IPv4Network], holes: list[ipaddress.IPv4Network]
+) -> list[ipaddress.IPv4Network]:
+    for hole in holes:
+        out: list[ipaddress.IPv4Network] = []
+        for net in nets:
+            if hole.subnet_of(net):
+                out += list(net.address_exclude(hole))
+            elif not net.subnet_of(hole):
+                out.append(net)
+        nets = out
+    return sorted(ipaddress.collapse_addresses(nets))
+
+
+def _inner_special(
+    net: IPNetwork, public_override: Iterable[IPNetwork]
+) -> list[ipaddress.IPv4Network]:
+    """Special blocks strictly inside ``net``: a rule for ``net`` must not open them.
+
+    Blocks are nested or disjoint (they are CIDRs), so an address in ``net`` is exempted by the
+    rule exactly when its most specific block is not strictly inside ``net`` — as decide() does.
+    """
+    inner = [
+        blk.network
+        for blk in BLOCKS
+        if isinstance(blk.network, ipaddress.IPv4Network)
+        and isinstance(net, ipaddress.IPv4Network)
+        and blk.network != net
+        and blk.network.subnet_of(net)
+    ]
+    overrides = [o for o in public_override if isinstance(o, ipaddress.IPv4Network)]
+    return _subtract(sorted(ipaddress.collapse_addresses(inner)), overrides) if inner else []
+
+
+def _is_exemption(net: IPNetwork) -> bool:
+    return any(
+        blk.network.version == net.version and net.subnet_of(blk.network)  # type: ignore[arg-type]
+        for blk in BLOCKS
+    )
+
+
+def _rule_match(rule: Rule) -> list[Json]:
+    spec = rule.spec
+    out: list[Json] = []
+    if spec.network is not None:
+        out.append(_match(_payload("ip", "daddr"), _prefix(spec.network)))
+    protos = sorted(p.value for p in spec.protocols)
+    if spec.ports:
+        out.append(_match(_meta("l4proto"), {"set": [p for p in protos if p != "icmp"]}))
+        ports: list[Any] = [lo if lo == hi else {"range": [lo, hi]} for lo, hi in spec.ports]
+        out.append(_match(_payload("th", "dport"), {"set": ports}))
+    elif spec.protocols != frozenset(Protocol):
+        out.append(_match(_meta("l4proto"), {"set": protos}))
+    return out
+
+
+def _prefix(net: IPNetwork) -> Json | str:
+    if net.num_addresses == 1:
+        return str(net.network_address)
+    return {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}
+
+
+def _prefixes(nets: Iterable[IPNetwork]) -> list[Json | str]:
+    return [_prefix(n) for n in nets]
+
+
+def _match(left: Json, right: Any, op: str = "==") -> Json:
+    return {"match": {"op": op, "left": left, "right": right}}
+
+
+def _meta(key: str) -> Json:
+    return {"meta": {"key": key}}
+
+
+def _payload(protocol: str, fld: str) -> Json:
+    return {"payload": {"protocol": protocol, "field": fld}}
+
+
+def _ct_state(*states: str) -> Json:
+    return _match({"ct": {"key": "state"}}, list(states) if len(states) > 1 else states[0], op="in")
+
+
+def _log(prefix: str, group: int, qthresh: int = 64) -> Json:
+    return {"log": {"prefix": prefix, "group": group, "queue-threshold": qthresh}}
+
+
+def _limit(limits: Limits) -> Json:
+    return {
+        "limit": {
+            "rate": limits.drop_log_rate,
+            "per": "second",
+            "burst": limits.drop_log_burst,
+            "burst_unit": "packets",
+        }
+    }
+
+
+def _limit_over(limits: Limits) -> Json:
+    return {
+        "limit": {
+            "rate": limits.drop_log_rate,
+            "per": "second",
+            "burst": limits.drop_log_burst,
+            "burst_unit": "packets",
+            "inv": True,
+        }
+    }

@@ -1,0 +1,131 @@
+"""nftables through libnftables' own JSON interface (ctypes; no shelling out to ``nft``).
+
+A libnftables context opens its netlink socket when it is created, so a ``Nft`` belongs to the
+namespace of the thread that made it. Use ``Nft.on(worker)`` with an ``NsThread`` to make and
+use one inside a given namespace; every call runs on that worker.
+
+A batch (``{"nftables": [...]}``) is one kernel transaction: if any command in it is rejected,
+none is applied and the previous ruleset stays in force. That is how sandgate replaces rules.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import json
+import threading
+from typing import Any
+
+from sandgate.errors import RulesetRejected, SetupError
+from sandgate.net.ns import NsThread
+
+_OUTPUT_HANDLE = 1 << 3
+_OUTPUT_JSON = 1 << 4
+_OUTPUT_NUMERIC_ALL = (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10)
+
+Json = dict[str, Any]
+
+
+def _load() -> ctypes.CDLL:
+    name = ctypes.util.find_library("nftables") or "libnftables.so.1"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as exc:
+        raise SetupError(
+            "libnftables is missing", "install the Debian package 'nftables' (apt install nftables)"
+        ) from exc
+    lib.nft_ctx_new.restype = ctypes.c_void_p
+    lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+    lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+    lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+    lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    return lib
+
+
+_lib_lock = threading.Lock()
+
+
+@functools.cache
+def _libnftables() -> ctypes.CDLL:
+    with _lib_lock:
+        return _load()
+
+
+class Nft:
+    """One libnftables context. Not thread-safe; create and use it on one thread."""
+
+    def __init__(self) -> None:
+        self._lib = _libnftables()
+        self._ctx = self._lib.nft_ctx_new(0)
+        if not self._ctx:
+            raise SetupError("libnftables could not create a context")
+        # JSON input is only parsed when JSON output is on (nft 1.0.6).
+        self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON | _OUTPUT_HANDLE)
+        self._lib.nft_ctx_buffer_output(self._ctx)
+        self._lib.nft_ctx_buffer_error(self._ctx)
+
+    def run(self, command: Json | str) -> Json | None:
+        """Run a JSON batch (or a text command); return the JSON output, if any."""
+        text = command if isinstance(command, str) else json.dumps(command)
+        rc = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
+        out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
+        err = self._lib.nft_ctx_get_error_buffer(self._ctx) or b""
+        if rc != 0:
+            raise RulesetRejected(
+                "nftables rejected the change: " + err.decode(errors="replace").strip(),
+                "nothing was applied; the previous ruleset is still in force",
+            )
+        return json.loads(out) if out.strip() else None
+
+    def list_table(self, family: str, table: str) -> list[Json]:
+        result = self.run({"nftables": [{"list": {"table": {"family": family, "name": table}}}]})
+        return list((result or {}).get("nftables", []))
+
+    def table_exists(self, family: str, table: str) -> bool:
+        result = self.run({"nftables": [{"list": {"tables": {"family": family}}}]})
+        for item in (result or {}).get("nftables", []):
+            t = item.get("table")
+            if t and t.get("name") == table and t.get("family") == family:
+                return True
+        return False
+
+    def close(self) -> None:
+        if self._ctx:
+            self._lib.nft_ctx_free(self._ctx)
+            self._ctx = None
+
+    @staticmethod
+    def on(worker: NsThread) -> NftIn:
+        return NftIn(worker)
+
+
+class NftIn:
+    """An ``Nft`` that lives on an ``NsThread``: every call runs inside that namespace."""
+
+    def __init__(self, worker: NsThread) -> None:
+        self._worker = worker
+        self._nft: Nft = worker.call(Nft)
+
+    def run(self, command: Json | str) -> Json | None:
+        return self._worker.call(lambda: self._nft.run(command))
+
+    def list_table(self, family: str, table: str) -> list[Json]:
+        return self._worker.call(lambda: self._nft.list_table(family, table))
+
+    def table_exists(self, family: str, table: str) -> bool:
+        return self._worker.call(lambda: self._nft.table_exists(family, table))
+
+    def close(self) -> None:
+        self._worker.call(self._nft.close)
+
+
+def batch(*commands: Json) -> Json:
+    return {"nftables": list(commands)}

@@ -1,0 +1,210 @@
+"""Network namespaces: create, remove, and run code inside one without leaking out of it.
+
+The network namespace is per *thread* in Linux, and new threads inherit it from their creator.
+Anything that opens a socket (netlink, libnftables, a listener) must do so on a thread that is
+in the intended namespace, at the moment the socket is created. Two tools here:
+
+- ``NsThread``: a long-lived worker thread that enters one namespace and runs submitted calls
+  there (libnftables contexts, sysctl writes, raw sockets are made and used on it).
+- ``iproute(name)``: a pyroute2 handle whose netlink socket pyroute2 itself creates inside the
+  namespace; we verify that with the socket's namespace cookie before handing it out, because
+  a handle opened in the wrong namespace would change the host's real network.
+
+Only namespaces named ``sg-…``/``sandgate…`` may be created or removed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from queue import SimpleQueue
+from typing import Any, TypeVar
+
+from sandgate.errors import NetError
+
+T = TypeVar("T")
+
+NETNS_DIR = Path("/run/netns")
+OUR_PREFIXES = ("sg-", "sandgate")
+CLONE_NEWNET = 0x40000000
+SO_NETNS_COOKIE = 71  # Linux >= 5.14
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check_ours(name: str) -> None:
+    if name.startswith("/proc/") and name.endswith("/ns/net"):
+        return  # a process's namespace: the caller got the pid from our own state files
+    if name.startswith(str(NETNS_DIR) + "/"):
+        name = name[len(str(NETNS_DIR)) + 1 :]
+    if not name.startswith(OUR_PREFIXES) or "/" in name:
+        raise NetError(f"refusing to touch {name!r}: sandgate only manages objects named sg-*")
+
+
+def path(name: str) -> str:
+    """``name`` under /run/netns, or ``name`` itself when it is already a path
+    (e.g. /proc/PID/ns/net for the gateway, whose namespace has no name)."""
+    return name if name.startswith("/") else str(NETNS_DIR / name)
+
+
+def exists(name: str) -> bool:
+    return (NETNS_DIR / name).exists()
+
+
+def create(name: str) -> None:
+    """Create a named namespace (bind-mounted under /run/netns like ``ip netns add``)."""
+    check_ours(name)
+    if exists(name):
+        raise NetError(f"namespace {name} already exists", "run `sandgate cleanup`")
+    from pyroute2 import netns as _netns
+
+    try:
+        _netns.create(name)
+    except OSError as exc:
+        raise NetError(f"cannot create namespace {name}: {exc}") from exc
+
+
+def remove(name: str) -> None:
+    """Remove a namespace; the kernel deletes the links in it. Missing is not an error."""
+    check_ours(name)
+    if not exists(name):
+        return
+    from pyroute2 import netns as _netns
+
+    try:
+        _netns.remove(name)
+    except OSError as exc:
+        raise NetError(f"cannot remove namespace {name}: {exc}") from exc
+
+
+def list_ours() -> list[str]:
+    if not NETNS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(OUR_PREFIXES))
+
+
+def enter(name: str) -> None:
+    """Move the *calling thread* into namespace ``name`` (and everything it starts later)."""
+    fd = os.open(path(name), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise NetError(f"setns({name}) failed: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def run_in(name: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on a fresh thread inside ``name``; the caller's namespace is untouched."""
+    with NsThread(name) as worker:
+        return worker.call(fn)
+
+
+class NsThread:
+    """A worker thread living in one network namespace; ``call`` runs a function there."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = SimpleQueue()
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._main, args=(ready,), name=f"ns-{name}", daemon=True
+        )
+        self._thread.start()
+        ready.result()
+
+    def _main(self, ready: Future[None]) -> None:
+        try:
+            enter(self.name)
+        except BaseException as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        while (item := self._queue.get()) is not None:
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        fut: Future[T] = Future()
+        self._queue.put((fn, fut))
+        return fut.result()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> NsThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def socket_cookie(fd: int) -> int:
+    """The namespace cookie of the socket behind ``fd``."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8)
+    finally:
+        sock.close()
+    return int(struct.unpack("Q", raw)[0])
+
+
+def netns_cookie(name: str | None) -> int:
+    """The cookie of namespace ``name`` (None: the namespace of the calling thread)."""
+
+    def probe() -> int:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as s:
+            return socket_cookie(s.fileno())
+
+    return probe() if name is None else run_in(name, probe)
+
+
+def iproute(name: str | None) -> Any:
+    """A pyroute2 IPRoute bound to namespace ``name``, verified to really be in it.
+
+    ``name=None`` means the calling thread's own namespace (the gateway daemon, which lives
+    wholly in its namespace, uses that)."""
+    from pyroute2 import IPRoute
+
+    if name is None:
+        want = netns_cookie(None)
+        ipr = IPRoute()
+    else:
+        check_ours(name)
+        want = netns_cookie(name)
+        # flags=0: never let pyroute2 create the namespace implicitly.
+        ipr = IPRoute(netns=path(name), flags=0)
+    try:
+        got = socket_cookie(ipr.fileno())
+    except OSError as exc:
+        ipr.close()
+        raise NetError(f"cannot verify the netlink socket for {name}: {exc}") from exc
+    if got != want:
+        ipr.close()
+        raise NetError(f"netlink socket for {name} is in another namespace; refusing to use it")
+    return ipr
+
+
+def nsenter_argv(name: str) -> list[str]:
+    """Prefix that runs a command in namespace ``name`` (network namespace only)."""
+    return ["nsenter", f"--net={path(name)}", "--"]
+
+
+def write_sysctls(values: dict[str, str]) -> None:
+    """Write /proc/sys entries for the calling thread's namespace (run it inside one)."""
+    for key, value in values.items():
+        target = Path("/proc/sys") / key.replace(".", "/")
+        target.write_text(value)

@@ -1,0 +1,252 @@
+"""``decide()``: the one place that says whether an attempt is allowed, by which rule, and why.
+
+The nftables compiler, the resolver, the proxy, ``explain`` and ``prove`` all ask this
+function; none keeps its own idea of what is allowed. Decisions are built only through
+``allow()`` and ``deny()``, and every path that does not explicitly allow, denies.
+
+Order of judgement (first match wins):
+ 1. DNS (port 53) goes to the guest's own gateway resolver, never elsewhere (the gateway
+    redirects it before any rule is consulted; names are then judged by the resolver);
+ 2. an explicit ``deny`` rule (deny wins over every allow);
+ 3. the guest pool: the own gateway's other ports, and other guests, are closed;
+ 4. private and special-purpose addresses, unless an allow rule names that block or a part of it;
+ 5. IPv6 that is not IPv4-mapped (the gateway routes IPv4 only);
+ 6. an allow rule for the address;
+ 7. QUIC and DNS-over-TLS (they would bypass the proxy and the resolver);
+ 8. the name (from DNS, SNI, Host or CONNECT): deny and allow rules by domain pattern;
+ 9. the profile's mode: open allows, locked denies, allowlist allows only addresses its
+    allowed names resolved to.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass
+
+from sandgate.policy.classify import AddressClass, Classification, classify
+from sandgate.policy.model import IPAddress, Mode, Protocol
+from sandgate.policy.profile import Profile, Rule
+
+
+class Verdict(enum.StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+class Reason(enum.Enum):
+    """Why: a stable key for logs and metrics, and a label for people."""
+
+    RULE_ALLOW = ("allow.rule", "an allow rule matches")
+    OPEN = ("allow.open", "public address and the internet is open")
+    EXEMPT = ("allow.exempt", "special-purpose address exempted by an allow rule")
+    PINNED = ("allow.pinned", "address an allowed name resolved to")
+    GATEWAY_DNS = ("allow.gateway_dns", "the guest's own gateway resolver")
+    RULE_DENY = ("deny.rule", "a deny rule matches")
+    SPECIAL = ("deny.special", "private or special-purpose address")
+    DNS_REDIRECT = ("deny.dns_redirect", "DNS goes to the gateway resolver only")
+    GATEWAY_PORT = ("deny.gateway", "the gateway answers DNS only")
+    LATERAL = ("deny.lateral", "another guest of the gateway")
+    IPV6 = ("deny.ipv6", "the gateway routes IPv4 only")
+    QUIC = ("deny.quic", "QUIC (udp/443) is refused so HTTPS goes through the proxy")
+    DNS_BYPASS = ("deny.dns_bypass", "DNS over TLS/QUIC would bypass the gateway resolver")
+    LOCKED = ("deny.locked", "the internet is locked")
+    NOT_ALLOWLISTED = ("deny.not_allowlisted", "not on the allowlist")
+    REBINDING = ("deny.rebinding", "a public name that resolves to a special-purpose address")
+    UNRESOLVABLE = ("deny.unresolvable", "the name does not resolve")
+    UNPARSEABLE = ("deny.unparseable", "the target could not be understood")
+    FRONTING = ("deny.fronting", "the names in one connection disagree (domain fronting)")
+    EXFILTRATION = ("deny.exfiltration", "a placeholder credential sent to another host")
+    PROTOCOL = ("deny.protocol", "the request breaks its protocol")
+
+    def __init__(self, key: str, label: str) -> None:
+        self.key = key
+        self.label = label
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One thing a guest tries. ``address`` or ``name`` or both; ``port`` None for DNS/ICMP."""
+
+    protocol: Protocol
+    address: IPAddress | None = None
+    port: int | None = None
+    name: str | None = None  # normalised (lower-case ASCII, no trailing dot)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: Reason
+    rule: Rule | None = None
+    detail: str = ""
+    classification: Classification | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict is Verdict.ALLOW
+
+    @property
+    def key(self) -> str:
+        """Stable reason key; special addresses carry their class: ``deny.private``."""
+        if self.reason is Reason.SPECIAL and self.classification is not None:
+            return f"deny.{self.classification.cls.value}"
+        return self.reason.key
+
+    @property
+    def rule_ref(self) -> str | None:
+        return str(self.rule) if self.rule is not None else None
+
+    def explain(self) -> str:
+        return f"{self.reason.label}: {self.detail}" if self.detail else self.reason.label
+
+
+def allow(reason: Reason, rule: Rule | None = None, detail: str = "", **kw: object) -> Decision:
+    return Decision(Verdict.ALLOW, reason, rule, detail, **kw)  # type: ignore[arg-type]
+
+
+def deny(reason: Reason, detail: str = "", rule: Rule | None = None, **kw: object) -> Decision:
+    return Decision(Verdict.DENY, reason, rule, detail, **kw)  # type: ignore[arg-type]
+
+
+_DNS_PROTOCOLS = (Protocol.UDP, Protocol.TCP)
+
+
+def decide(profile: Profile, attempt: Attempt) -> Decision:
+    """The verdict on one attempt under one profile. Pure: no I/O, no clock, no state."""
+    address = attempt.address
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        # An IPv4-mapped address on an IPv6 socket sends plain IPv4 packets to that address.
+        address = address.ipv4_mapped
+    if address is None and attempt.name is None:
+        return deny(Reason.UNPARSEABLE, "neither an address nor a name")
+
+    if address is not None and attempt.port == 53 and attempt.protocol in _DNS_PROTOCOLS:
+        if address == profile.gateway_address:
+            return allow(Reason.GATEWAY_DNS, detail=str(address))
+        return deny(Reason.DNS_REDIRECT, f"{address}:53 is answered by the gateway resolver")
+
+    for rule in profile.deny:
+        if _rule_matches(rule, attempt, address):
+            return deny(Reason.RULE_DENY, f"{rule.ref} ({rule.label})", rule)
+
+    if address is not None:
+        early = _judge_address(profile, attempt, address)
+        if early is not None:
+            return early
+
+    if attempt.name is not None:
+        for rule in profile.allow:
+            if rule.matches_name(attempt.name, attempt.port, attempt.protocol):
+                return _allow_name(profile, attempt, address, rule)
+    return _by_mode(profile, attempt)
+
+
+def decide_name(profile: Profile, name: str) -> Decision:
+    """May the resolver answer (and forward) a question for ``name``?"""
+    return decide(profile, Attempt(Protocol.UDP, None, None, name))
+
+
+def _rule_matches(rule: Rule, attempt: Attempt, address: IPAddress | None) -> bool:
+    if address is not None and rule.matches_address(address, attempt.port, attempt.protocol):
+        return True
+    return attempt.name is not None and rule.matches_name(
+        attempt.name, attempt.port, attempt.protocol
+    )
+
+
+def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> Decision | None:
+    """Steps 3-7: what the address alone settles. None: the name and the mode decide."""
+    port, proto = attempt.port, attempt.protocol
+    if profile.gateway_address is not None and address == profile.gateway_address:
+        return deny(Reason.GATEWAY_PORT, f"{address} port {port}")
+    if address.version == profile.guest_pool.version and address in profile.guest_pool:
+        return deny(Reason.LATERAL, f"{address} is in the guest pool {profile.guest_pool}")
+
+    cls = classify(address)
+    if cls.special and not _public_override(profile, address):
+        for rule in profile.allow:
+            if _exempts(rule, cls, address, port, proto):
+                return allow(
+                    Reason.EXEMPT, rule, f"{address} ({cls.cls.label})", classification=cls
+                )
+        name = f" ({attempt.name} resolved here)" if attempt.name else ""
+        reason = Reason.REBINDING if attempt.name else Reason.SPECIAL
+        return deny(reason, f"{address} is {_describe(cls)}{name}", classification=cls)
+    if address.version == 6:
+        return deny(Reason.IPV6, f"{address}", classification=cls)
+
+    for rule in profile.allow:
+        if rule.matches_address(address, port, proto):
+            return allow(Reason.RULE_ALLOW, rule, f"{rule.ref} ({rule.label})", classification=cls)
+    if proto is Protocol.UDP and port == 443:
+        return deny(Reason.QUIC, f"udp/443 to {address}", classification=cls)
+    if port == 853:
+        return deny(Reason.DNS_BYPASS, f"port 853 to {address}", classification=cls)
+    return None
+
+
+def _allow_name(
+    profile: Profile, attempt: Attempt, address: IPAddress | None, rule: Rule
+) -> Decision:
+    detail = f"{rule.ref} ({rule.label})"
+    if address is None or profile.mode is not Mode.LOCKED:
+        return allow(Reason.RULE_ALLOW, rule, detail)
+    # Locked: names may resolve, but only host and cidr rules open a path at L3.
+    return deny(
+        Reason.LOCKED,
+        f"{attempt.name} is allowed to resolve by {detail}, but locked mode opens "
+        "addresses only through host or cidr rules",
+    )
+
+
+def _by_mode(profile: Profile, attempt: Attempt) -> Decision:
+    target = attempt.name or str(attempt.address)
+    if profile.mode is Mode.OPEN:
+        return allow(Reason.OPEN, detail=target)
+    if profile.mode is Mode.LOCKED:
+        return deny(Reason.LOCKED, target)
+    return deny(Reason.NOT_ALLOWLISTED, target)
+
+
+def _public_override(profile: Profile, address: IPAddress) -> bool:
+    return any(address.version == n.version and address in n for n in profile.public_override)
+
+
+def _exempts(
+    rule: Rule, cls: Classification, address: IPAddress, port: int | None, proto: Protocol
+) -> bool:
+    """An allow rule lifts a special-purpose block only if it names that block or a part of it.
+
+    ``0.0.0.0/0`` therefore never opens 10.0.0.0/8, and only a rule for exactly
+    169.254.169.254 opens the metadata endpoint.
+    """
+    net = rule.spec.network
+    if net is None or not rule.matches_address(address, port, proto):
+        return False
+    block = cls.block
+    if block is None:
+        return True
+    return net.version == block.network.version and net.subnet_of(block.network)  # type: ignore[arg-type]
+
+
+def _describe(cls: Classification) -> str:
+    text = cls.cls.label
+    if cls.block is not None:
+        text += f" ({cls.block.network}, {cls.block.source})"
+    if cls.via is not None and cls.embedded is not None:
+        text += f", {cls.via.label} form of {cls.embedded}"
+    return text
+
+
+__all__ = [
+    "AddressClass",
+    "Attempt",
+    "Decision",
+    "Reason",
+    "Verdict",
+    "allow",
+    "decide",
+    "decide_name",
+    "deny",
+]

@@ -1,0 +1,395 @@
+"""Loading a policy: TOML file (or the built-in default) -> validated ``Policy``.
+
+Every problem is reported with file, line and a fix, and all of them at once: a policy that
+has any problem is not used at all. A named file that is missing or broken is an error, never
+a fall-back to the default (which is open): only when no file is named does the built-in
+default apply.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from sandgate.errors import PolicyError, PolicyProblem
+from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
+from sandgate.policy.locate import Position, find, locate
+from sandgate.policy.model import (
+    GatewaySpec,
+    IPAddress,
+    IPNetwork,
+    Mode,
+    PolicyFile,
+    ProfileSpec,
+    RuleSpec,
+    SecretSpec,
+)
+from sandgate.policy.profile import Profile, Rule, inspect_patterns, rules_from_specs
+
+BUILTIN = "<built-in default>"
+# Keys that only sandgate's own test world may set. Refused in files, with a reason.
+_WORLD_ONLY = {"public_override", "test_internet"}
+
+
+@dataclass(frozen=True)
+class Policy:
+    file: PolicyFile
+    source: str  # the path, or BUILTIN
+    positions: dict[tuple[str | int, ...], Position]
+
+    @property
+    def builtin(self) -> bool:
+        return self.source == BUILTIN
+
+    def default_profile(self) -> str:
+        chosen = self.file.gateway.default_profile
+        if chosen is not None:
+            return chosen
+        names = sorted(self.file.profiles)
+        if "default" in self.file.profiles:
+            return "default"
+        if len(names) == 1:
+            return names[0]
+        raise PolicyError(
+            [
+                PolicyProblem(
+                    self.source,
+                    None,
+                    None,
+                    f"this policy has several profiles ({', '.join(names)}) and no default",
+                    "pass --profile NAME, or set default_profile under [gateway]",
+                )
+            ]
+        )
+
+    def profile(
+        self,
+        name: str | None = None,
+        *,
+        mode: Mode | None = None,
+        extra_allow: Sequence[str] = (),
+        extra_deny: Sequence[str] = (),
+        public_override: tuple[IPNetwork, ...] = (),
+        gateway_address: IPAddress | None = None,
+    ) -> Profile:
+        """The effective profile for one guest, with the run's overrides applied."""
+        chosen = name or self.default_profile()
+        spec = self.file.profiles.get(chosen)
+        if spec is None:
+            close = difflib.get_close_matches(chosen, list(self.file.profiles), n=1)
+            raise PolicyError(
+                [
+                    PolicyProblem(
+                        self.source,
+                        None,
+                        None,
+                        f"no profile named {chosen!r}",
+                        f"did you mean {close[0]!r}?"
+                        if close
+                        else f"choose one of {', '.join(sorted(self.file.profiles))}",
+                    )
+                ]
+            )
+        allow = rules_from_specs("allow", spec.allow, f"{chosen}.allow")
+        deny = rules_from_specs("deny", spec.deny, f"{chosen}.deny")
+        allow += tuple(
+            Rule("allow", s, f"--allow[{i}]") for i, s in _cli_rules(extra_allow, "--allow")
+        )
+        deny += tuple(Rule("deny", s, f"--deny[{i}]") for i, s in _cli_rules(extra_deny, "--deny"))
+        problems = check_rules(allow, deny, self._where)
+        if problems:
+            raise PolicyError(problems)
+        return Profile(
+            name=chosen,
+            mode=mode or spec.internet,
+            allow=allow,
+            deny=deny,
+            inspect=inspect_patterns(spec.inspect),
+            secrets=tuple(spec.secret),
+            public_override=public_override,
+            guest_pool=ipaddress.ip_network(self.file.gateway.guest_pool),
+            gateway_address=gateway_address,
+        )
+
+    def _where(self, ref: str) -> PolicyProblem:
+        """A problem stub located at a rule reference like 'coder.allow[2]' or '--allow[0]'."""
+        match = re.fullmatch(r"(.+)\.(allow|deny)\[(\d+)\]", ref)
+        if match is None:
+            return PolicyProblem(ref.split("[", maxsplit=1)[0], None, None, "")
+        path = ("profiles", match[1], match[2], int(match[3]))
+        pos = find(self.positions, path)
+        return _located(self.source, pos, "")
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """The policy at ``path``; the built-in default only when ``path`` is None."""
+    if path is None:
+        text = resources.files("sandgate.policy").joinpath("default.toml").read_bytes()
+        return parse_policy(text, BUILTIN)
+    source = str(path)
+    try:
+        text = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise _one(
+            source,
+            "the policy file does not exist",
+            "check the path; sandgate "
+            "never falls back to its open default when a named policy is missing",
+        ) from None
+    except OSError as exc:
+        raise _one(
+            source, f"cannot read the policy file: {exc.strerror}", "check its permissions"
+        ) from exc
+    return parse_policy(text, source)
+
+
+def parse_policy(text: bytes, source: str) -> Policy:
+    try:
+        raw = tomllib.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _one(source, f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from exc
+    except tomllib.TOMLDecodeError as exc:
+        line, col, msg = _toml_position(str(exc))
+        raise PolicyError(
+            [PolicyProblem(source, line, col, f"TOML syntax: {msg}", "fix the syntax at that spot")]
+        ) from exc
+    positions = locate(text)
+    problems = list(_world_only_keys(raw, positions, source))
+    if problems:
+        raise PolicyError(problems)
+    try:
+        file = PolicyFile.model_validate(raw)
+    except ValidationError as exc:
+        raise PolicyError(
+            [_problem_from_pydantic(err, positions, source) for err in exc.errors()]
+        ) from None
+    policy = Policy(file, source, positions)
+    problems = []
+    for name, spec in file.profiles.items():
+        allow = rules_from_specs("allow", spec.allow, f"{name}.allow")
+        deny = rules_from_specs("deny", spec.deny, f"{name}.deny")
+        problems += check_rules(allow, deny, policy._where)
+    if problems:
+        raise PolicyError(problems)
+    return policy
+
+
+def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list[PolicyProblem]:
+    """Rules that repeat each other, or allow rules a deny rule makes dead."""
+    problems: list[PolicyProblem] = []
+    for rules in (allow, deny):
+        for i, rule in enumerate(rules):
+            for earlier in rules[:i]:
+                if _same(rule.spec, earlier.spec):
+                    problems.append(
+                        _at(where(rule.ref), f"{rule} repeats {earlier}", "delete one of them")
+                    )
+                    break
+    for rule in allow:
+        for blocker in deny:
+            if _covers(blocker.spec, rule.spec):
+                problems.append(
+                    _at(
+                        where(rule.ref),
+                        f"{rule} can never match: {blocker} denies everything it allows "
+                        "(deny wins)",
+                        "remove the allow rule, or narrow the deny rule",
+                    )
+                )
+                break
+    return problems
+
+
+def _same(a: RuleSpec, b: RuleSpec) -> bool:
+    return (a.network, a.pattern, a.ports, a.protocols) == (
+        b.network,
+        b.pattern,
+        b.ports,
+        b.protocols,
+    )
+
+
+def _covers(wide: RuleSpec, narrow: RuleSpec) -> bool:
+    """True when every attempt ``narrow`` matches is matched by ``wide``."""
+    if not narrow.protocols <= wide.protocols:
+        return False
+    if wide.ports and not (
+        narrow.ports
+        and all(any(lo <= a and b <= hi for lo, hi in wide.ports) for a, b in narrow.ports)
+    ):
+        return False
+    if wide.pattern is not None and narrow.pattern is not None:
+        return wide.pattern.covers(narrow.pattern)
+    if wide.network is not None and narrow.network is not None:
+        return wide.network.version == narrow.network.version and narrow.network.subnet_of(
+            wide.network  # type: ignore[arg-type]
+        )
+    return False
+
+
+def parse_rule_text(text: str) -> RuleSpec:
+    """A rule from the command line: TARGET[:PORTS][/PROTO].
+
+    TARGET is a domain pattern, an address (any spelling; IPv6 in brackets when a port
+    follows) or a CIDR; PORTS is ``443``, ``80,443`` or ``8000-8100``; PROTO is tcp, udp,
+    icmp or any. Examples: ``pypi.org``, ``*.github.com:443``, ``10.77.0.10:8000``,
+    ``10.77.0.0/24``, ``[fd00::1]:53/udp``.
+    """
+    rest = text.strip()
+    fields: dict[str, Any] = {}
+    proto = re.search(r"/(tcp|udp|icmp|any)$", rest)
+    if proto:
+        fields["protocol"] = proto[1]
+        rest = rest[: proto.start()]
+    ports: str | None = None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        if tail.startswith(":"):
+            ports = tail[1:]
+        elif tail:
+            raise ValueError(f"{text!r}: after ']' only ':PORT' may follow")
+        rest = host
+    elif rest.count(":") == 1:
+        rest, _, ports = rest.partition(":")
+    if ports is not None:
+        items = [p.strip() for p in ports.split(",")]
+        fields["port"] = [int(p) if p.isdigit() else p for p in items]
+        if len(items) == 1:
+            fields["port"] = fields["port"][0]
+    if "/" in rest:
+        fields["cidr"] = rest
+    elif rest.startswith("*."):
+        fields["domain"] = rest
+    else:
+        try:
+            parsed = parse_host(rest)
+        except HostParseError as exc:
+            raise ValueError(str(exc)) from exc
+        fields["host" if isinstance(parsed, IPHost) else "domain"] = rest
+    return RuleSpec.model_validate(fields)
+
+
+def _cli_rules(texts: Iterable[str], flag: str) -> list[tuple[int, RuleSpec]]:
+    out: list[tuple[int, RuleSpec]] = []
+    problems: list[PolicyProblem] = []
+    for i, text in enumerate(texts):
+        try:
+            out.append((i, parse_rule_text(text)))
+        except ValidationError as exc:
+            msg = "; ".join(_clean(e["msg"]) for e in exc.errors())
+            problems.append(PolicyProblem(f"{flag} {text!r}", None, None, msg, _RULE_HELP))
+        except ValueError as exc:
+            problems.append(PolicyProblem(f"{flag} {text!r}", None, None, str(exc), _RULE_HELP))
+    if problems:
+        raise PolicyError(problems)
+    return out
+
+
+_RULE_HELP = "write TARGET[:PORTS][/PROTO], e.g. pypi.org, *.github.com:443, 10.77.0.10:8000"
+
+
+def _world_only_keys(
+    raw: Any, positions: dict[Any, Position], source: str
+) -> Iterable[PolicyProblem]:
+    def walk(node: Any, path: tuple[str | int, ...]) -> Iterable[PolicyProblem]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _WORLD_ONLY:
+                    yield _located(
+                        source,
+                        find(positions, (*path, key)),
+                        f"{key!r} is set by sandgate's test world only",
+                        "remove it; to reach a network, add an allow rule for it",
+                    )
+                else:
+                    yield from walk(value, (*path, key))
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                yield from walk(item, (*path, i))
+
+    return walk(raw, ())
+
+
+def _problem_from_pydantic(err: Any, positions: dict[Any, Position], source: str) -> PolicyProblem:
+    loc: tuple[str | int, ...] = tuple(err["loc"])
+    pos = find(positions, loc)
+    where = ".".join(str(p) for p in loc if not _is_type_tag(p))
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        known = _known_keys(loc[:-1])
+        close = difflib.get_close_matches(key, known, n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+        return _located(source, pos, f"unknown key {where!r}", fix)
+    if kind == "missing":
+        return _located(source, pos, f"{where!r} is required", f"add {loc[-1]} = ...")
+    if kind in ("literal_error", "enum"):
+        expected = err.get("ctx", {}).get("expected", "")
+        return _located(
+            source, pos, f"{where} = {err.get('input')!r} is not allowed", f"use one of {expected}"
+        )
+    return _located(source, pos, f"{where}: {_clean(err['msg'])}", _fix_for(loc))
+
+
+def _is_type_tag(part: str | int) -> bool:
+    # pydantic names the union member it tried, e.g. 'int' or 'list[int]'; not a file key.
+    return isinstance(part, str) and (part in {"int", "str", "float", "bool"} or "[" in part)
+
+
+def _known_keys(loc: tuple[str | int, ...]) -> list[str]:
+    model: type[BaseModel] = PolicyFile
+    for part in loc:
+        if model is PolicyFile and part == "profiles":
+            model = ProfileSpec
+            continue
+        if model is ProfileSpec and isinstance(part, str) and part in ("allow", "deny"):
+            model = RuleSpec
+        elif model is ProfileSpec and part == "secret":
+            model = SecretSpec
+        elif model is PolicyFile and part == "gateway":
+            model = GatewaySpec
+    return sorted(model.model_fields)
+
+
+def _fix_for(loc: tuple[str | int, ...]) -> str | None:
+    keys = {p for p in loc if isinstance(p, str)}
+    if keys & {"allow", "deny"}:
+        return (
+            'a rule is { host = "10.77.0.10", port = 8000 } or { cidr = ... } or { domain = ... }'
+        )
+    return None
+
+
+def _clean(msg: str) -> str:
+    return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def _toml_position(message: str) -> tuple[int | None, int | None, str]:
+    match = re.search(r"\(at line (\d+), column (\d+)\)", message)
+    if not match:
+        return None, None, message
+    return int(match[1]), int(match[2]), message[: match.start()].strip()
+
+
+def _located(
+    source: str, pos: Position | None, message: str, fix: str | None = None
+) -> PolicyProblem:
+    line, column = pos if pos is not None else (None, None)
+    return PolicyProblem(source, line, column, message, fix)
+
+
+def _one(source: str, message: str, fix: str) -> PolicyError:
+    return PolicyError([PolicyProblem(source, None, None, message, fix)])
+
+
+def _at(stub: PolicyProblem, message: str, fix: str) -> PolicyProblem:
+    return PolicyProblem(stub.file, stub.line, stub.column, message, fix)

@@ -1,0 +1,285 @@
+"""The policy model: what a policy file may say, validated by pydantic.
+
+A file holds named profiles. Each profile sets how open the internet is and lists ``allow``
+and ``deny`` rules by host, CIDR or domain pattern, optionally scoped to ports and a protocol.
+Values are normalised while validating (odd host spellings, IDNA, port ranges), so the rest
+of sandgate only ever sees one spelling of each thing.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
+from sandgate.policy.patterns import DomainPattern, PatternError, parse_pattern
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class Mode(enum.StrEnum):
+    """How much of the public internet a profile opens."""
+
+    LOCKED = "locked"  # nothing but the exemptions its rules name
+    OPEN = "open"  # every public address; private and special ranges still denied
+    ALLOWLIST = "allowlist"  # only addresses that allowed names resolve to, and allowed hosts
+
+
+class Protocol(enum.StrEnum):
+    TCP = "tcp"
+    UDP = "udp"
+    ICMP = "icmp"
+
+
+ALL_PROTOCOLS = frozenset(Protocol)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RuleSpec(_Strict):
+    """One allow or deny rule as written: exactly one of host, cidr, domain."""
+
+    host: str | None = Field(default=None, description="one IP address (any common spelling)")
+    cidr: str | None = Field(default=None, description="a network such as 10.77.0.0/24")
+    domain: str | None = Field(default=None, description="a name or *.name pattern")
+    port: int | list[int] | str | None = Field(
+        default=None, description="a port, a list of ports, or a range '8000-8100'"
+    )
+    protocol: Literal["tcp", "udp", "icmp", "any"] | None = None
+    name: str | None = Field(default=None, description="a label shown in logs")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RuleSpec:
+        given = [k for k in ("host", "cidr", "domain") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "a rule needs exactly one of host, cidr or domain"
+                + (f" (it has {', '.join(given)})" if given else "")
+            )
+        if self.ports and self.protocols == frozenset({Protocol.ICMP}):
+            raise ValueError("ICMP has no ports; drop 'port' or choose protocol tcp or udp")
+        return self
+
+    @cached_property
+    def network(self) -> IPNetwork | None:
+        if self.host is not None:
+            return _host_network(self.host)
+        return _cidr_network(self.cidr) if self.cidr is not None else None
+
+    @cached_property
+    def pattern(self) -> DomainPattern | None:
+        if self.domain is None:
+            return None
+        try:
+            return parse_pattern(self.domain)
+        except PatternError as exc:
+            raise ValueError(str(exc)) from exc
+
+    @cached_property
+    def ports(self) -> tuple[tuple[int, int], ...]:
+        """Inclusive port ranges; empty means every port."""
+        return _port_ranges(self.port)
+
+    @cached_property
+    def protocols(self) -> frozenset[Protocol]:
+        return _protocols(self.protocol, has_ports=bool(self.ports))
+
+    # Field validators check each value where it is written, so errors point at that key.
+    @field_validator("host")
+    @classmethod
+    def _check_host(cls, v: str | None) -> str | None:
+        if v is not None:
+            _host_network(v)
+        return v
+
+    @field_validator("cidr")
+    @classmethod
+    def _check_cidr(cls, v: str | None) -> str | None:
+        if v is not None:
+            _cidr_network(v)
+        return v
+
+    @field_validator("domain")
+    @classmethod
+    def _check_domain(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_pattern(v)
+            except PatternError as exc:
+                raise ValueError(str(exc)) from exc
+        return v
+
+    @field_validator("port")
+    @classmethod
+    def _check_port(cls, v: int | list[int] | str | None) -> int | list[int] | str | None:
+        _port_ranges(v)
+        return v
+
+    def target_text(self) -> str:
+        """The rule's target as the CLI writes it: host, cidr or pattern[:port][/proto]."""
+        if self.pattern is not None:
+            text = str(self.pattern)
+        else:
+            assert self.network is not None
+            net = self.network
+            single = net.num_addresses == 1
+            addr = str(net.network_address) if single else str(net)
+            text = f"[{addr}]" if single and net.version == 6 and self.ports else addr
+        if self.ports:
+            text += ":" + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in self.ports)
+        if self.protocols != ALL_PROTOCOLS and not (
+            self.ports and self.protocols == frozenset({Protocol.TCP})
+        ):
+            text += "/" + "+".join(sorted(p.value for p in self.protocols))
+        return text
+
+
+def _host_network(text: str) -> IPNetwork:
+    try:
+        host = parse_host(text)
+    except HostParseError as exc:
+        raise ValueError(str(exc)) from exc
+    if not isinstance(host, IPHost):
+        raise ValueError(f'{text!r} is a name, not an address; write domain = "{text}"')
+    return ipaddress.ip_network(host.address)
+
+
+def _cidr_network(text: str) -> IPNetwork:
+    try:
+        return ipaddress.ip_network(text.strip(), strict=True)
+    except ValueError as exc:
+        try:
+            loose = ipaddress.ip_network(text.strip(), strict=False)
+        except ValueError:
+            raise ValueError(
+                f"{text!r} is not a network; write it as address/prefix, e.g. 10.77.0.0/24"
+            ) from exc
+        raise ValueError(f"{text!r} has host bits set; did you mean {loose}?") from exc
+
+
+def _port_ranges(spec: int | list[int] | str | None) -> tuple[tuple[int, int], ...]:
+    if spec is None:
+        return ()
+    items: list[int | str] = list(spec) if isinstance(spec, list) else [spec]
+    if not items:
+        raise ValueError("an empty port list matches nothing; drop 'port' to mean every port")
+    ranges: list[tuple[int, int]] = []
+    for item in items:
+        if isinstance(item, str) and "-" in item:
+            low_s, _, high_s = item.partition("-")
+            try:
+                low, high = int(low_s), int(high_s)
+            except ValueError as exc:
+                raise ValueError(f"port range {item!r} must look like '8000-8100'") from exc
+        else:
+            try:
+                low = high = int(item)
+            except ValueError as exc:
+                raise ValueError(f"port {item!r} is not a number") from exc
+        if not (1 <= low <= high <= 65535):
+            raise ValueError(f"port {item!r} is outside 1-65535 (or the range is reversed)")
+        ranges.append((low, high))
+    return tuple(sorted(set(ranges)))
+
+
+def _protocols(spec: str | None, *, has_ports: bool) -> frozenset[Protocol]:
+    if spec is None:
+        # A port without a protocol almost always means TCP (a web or API port).
+        return frozenset({Protocol.TCP}) if has_ports else ALL_PROTOCOLS
+    if spec == "any":
+        return frozenset({Protocol.TCP, Protocol.UDP}) if has_ports else ALL_PROTOCOLS
+    return frozenset({Protocol(spec)})
+
+
+class SecretSpec(_Strict):
+    """A credential the sandbox sees only as a placeholder (used by the egress proxy)."""
+
+    name: str
+    hosts: list[str]
+    value: str = Field(description="env:VAR or file:/path, read by the gateway only")
+    placeholder_env: str | None = None
+    placeholder_file: str | None = None
+    placeholder: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _value_source(cls, v: str) -> str:
+        if not v.startswith(("env:", "file:")):
+            raise ValueError(
+                "a secret's value must say where the gateway reads it: 'env:VAR' or 'file:/path'"
+                " (never the secret itself in the policy file)"
+            )
+        return v
+
+
+class ProfileSpec(_Strict):
+    description: str | None = None
+    internet: Mode = Mode.LOCKED
+    allow: list[RuleSpec] = Field(default_factory=list)
+    deny: list[RuleSpec] = Field(default_factory=list)
+    inspect: list[str] = Field(default_factory=list)
+    secret: list[SecretSpec] = Field(default_factory=list)
+
+    @field_validator("inspect")
+    @classmethod
+    def _inspect_patterns(cls, v: list[str]) -> list[str]:
+        for item in v:
+            try:
+                parse_pattern(item)
+            except PatternError as exc:
+                raise ValueError(str(exc)) from exc
+        return v
+
+
+class GatewaySpec(_Strict):
+    """How the gateway is wired on this host (ignored by the test world, which wires its own)."""
+
+    upstream_dns: list[str] = Field(
+        default_factory=list, description="resolvers the gateway asks; default: the host's"
+    )
+    guest_pool: str = "10.201.0.0/16"
+    uplink_subnet: str = "100.127.255.248/30"
+    default_profile: str | None = None
+
+    @field_validator("upstream_dns")
+    @classmethod
+    def _addresses(cls, v: list[str]) -> list[str]:
+        for item in v:
+            try:
+                ipaddress.ip_address(item)
+            except ValueError as exc:
+                raise ValueError(f"{item!r} is not an IP address of a DNS server") from exc
+        return v
+
+    @field_validator("guest_pool", "uplink_subnet")
+    @classmethod
+    def _network(cls, v: str) -> str:
+        net = _cidr_network(v)
+        if net.version != 4:
+            raise ValueError("sandgate routes IPv4 only; give an IPv4 network")
+        return v
+
+
+class PolicyFile(_Strict):
+    version: Literal[1] = 1
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    profiles: dict[str, ProfileSpec]
+
+    @model_validator(mode="after")
+    def _default_profile_exists(self) -> PolicyFile:
+        default = self.gateway.default_profile
+        if default is not None and default not in self.profiles:
+            raise ValueError(
+                f"default_profile {default!r} is not a profile here; "
+                f"choose one of {', '.join(sorted(self.profiles))}"
+            )
+        if not self.profiles:
+            raise ValueError("a policy needs at least one profile, e.g. [profiles.default]")
+        return self

@@ -1,0 +1,83 @@
+"""The effective profile: what ``decide()`` consults for one guest.
+
+A ``Profile`` is a profile of a policy file with the run's overrides applied (``--mode``,
+``--allow``, ``--deny``) and with the few facts about the gateway that decisions need (the
+guest pool, the guest's own gateway address). Rules carry a reference back to where they were
+written (``coder.allow[2]`` or ``--allow[0]``) so every decision can name its rule.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sandgate.policy.model import IPAddress, IPNetwork, Mode, Protocol, RuleSpec, SecretSpec
+from sandgate.policy.patterns import DomainPattern, parse_pattern
+
+Action = Literal["allow", "deny"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    action: Action
+    spec: RuleSpec
+    ref: str  # where it was written: "coder.allow[2]" or "--allow[0]"
+
+    @property
+    def label(self) -> str:
+        return self.spec.name or self.spec.target_text()
+
+    def __str__(self) -> str:
+        return f"{self.ref} ({self.label})"
+
+    def _port_ok(self, port: int | None, protocol: Protocol) -> bool:
+        if protocol not in self.spec.protocols:
+            return False
+        if not self.spec.ports or port is None:
+            # A port-less question (a DNS lookup, ICMP) is matched by port-scoped rules too:
+            # the port is checked again when the connection is made.
+            return True
+        return any(low <= port <= high for low, high in self.spec.ports)
+
+    def matches_address(self, address: IPAddress, port: int | None, protocol: Protocol) -> bool:
+        net = self.spec.network
+        return (
+            net is not None
+            and net.version == address.version
+            and address in net
+            and self._port_ok(port, protocol)
+        )
+
+    def matches_name(self, name: str, port: int | None, protocol: Protocol) -> bool:
+        pattern = self.spec.pattern
+        return pattern is not None and pattern.matches(name) and self._port_ok(port, protocol)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    mode: Mode
+    allow: tuple[Rule, ...] = ()
+    deny: tuple[Rule, ...] = ()
+    inspect: tuple[DomainPattern, ...] = ()
+    secrets: tuple[SecretSpec, ...] = ()
+    # Networks the test world declares to be its internet (documentation ranges). Only the
+    # test world sets this; no policy file can (see policy.load).
+    public_override: tuple[IPNetwork, ...] = ()
+    guest_pool: IPNetwork = field(default_factory=lambda: ipaddress.ip_network("10.201.0.0/16"))
+    gateway_address: IPAddress | None = None  # the guest's own gateway, when known
+
+    def rules(self) -> tuple[Rule, ...]:
+        return self.deny + self.allow
+
+    def inspects(self, name: str) -> bool:
+        return any(p.matches(name) for p in self.inspect)
+
+
+def rules_from_specs(action: Action, specs: list[RuleSpec], prefix: str) -> tuple[Rule, ...]:
+    return tuple(Rule(action, spec, f"{prefix}[{i}]") for i, spec in enumerate(specs))
+
+
+def inspect_patterns(items: list[str]) -> tuple[DomainPattern, ...]:
+    return tuple(parse_pattern(item) for item in items)

@@ -1,0 +1,103 @@
+"""Terminal rendering of reports and logs (the only module that imports rich)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from sandgate.events.schema import Event
+from sandgate.report.session import SessionReport
+
+VERDICT_STYLE = {"allow": "green", "deny": "red"}
+
+
+def _verdict(v: str | None) -> Text:
+    return Text(v or "-", style=VERDICT_STYLE.get(v or "", ""))
+
+
+def session_tables(r: SessionReport, title: str | None = None) -> Group:
+    head = Text()
+    head.append(title or f"session {r.session}", style="bold")
+    head.append(f"  mode {r.mode}  profile {r.profile}  exit {r.exit_code}")
+    if r.duration is not None:
+        head.append(f"  {r.duration:.1f} s")
+    parts: list[object] = [head]
+    if r.message:
+        parts.append(Text(r.message, style="yellow"))
+    names = Table(title="names asked", title_justify="left", expand=False)
+    for col in ("name", "verdict", "reason", "questions", "answers"):
+        names.add_column(col)
+    for n in r.names:
+        names.add_row(
+            n.name, _verdict(n.verdict), n.reason or "", str(n.questions), ", ".join(n.answers[:3])
+        )
+    parts.append(names if r.names else Text("names asked: none"))
+    conns = Table(title="connection attempts", title_justify="left")
+    for col in ("destination", "category", "verdict", "reason", "rule", "attempts", "uids"):
+        conns.add_column(col)
+    for d in r.destinations:
+        port = f":{d.port}" if d.port is not None else ""
+        conns.add_row(
+            f"{d.dst}{port}/{d.protocol or '?'}",
+            d.category or "",
+            _verdict(d.verdict),
+            d.reason or "",
+            d.rule or "",
+            str(d.attempts),
+            ",".join(str(u) for u in d.uids),
+        )
+    parts.append(conns if r.destinations else Text("connection attempts: none"))
+    totals = ", ".join(
+        f"{cat}: " + " ".join(f"{v} {n}" for v, n in sorted(c.items()))
+        for cat, c in r.totals.items()
+    )
+    if totals:
+        parts.append(Text("totals  " + totals))
+    if r.uids:
+        parts.append(Text("uids  " + ", ".join(str(u) for u in r.uids)))
+    return Group(*parts)  # type: ignore[arg-type]
+
+
+def print_report(
+    r: SessionReport, console: Console | None = None, title: str | None = None
+) -> None:
+    (console or Console(stderr=True)).print(session_tables(r, title))
+
+
+def print_side_by_side(
+    reports: Sequence[tuple[str, SessionReport]], console: Console | None = None
+) -> None:
+    console = console or Console()
+    grid = Table.grid(padding=(0, 4))
+    for _ in reports:
+        grid.add_column()
+    grid.add_row(*[session_tables(r, title) for title, r in reports])
+    console.print(grid)
+
+
+def events_table(events: Iterable[Event]) -> Table:
+    table = Table()
+    for col in ("time", "kind", "guest", "uid", "verdict", "reason", "destination", "name", "rule"):
+        table.add_column(col)
+    for e in events:
+        dst = e.dst or ""
+        if e.port is not None:
+            dst += f":{e.port}"
+        if e.protocol:
+            dst += f"/{e.protocol}"
+        table.add_row(
+            time.strftime("%H:%M:%S", time.localtime(e.ts)) + f".{int(e.ts * 1000) % 1000:03d}",
+            str(e.kind),
+            e.guest or "",
+            "" if e.uid is None else str(e.uid),
+            _verdict(e.verdict),
+            e.reason or "",
+            dst,
+            e.name or "",
+            e.rule or "",
+        )
+    return table

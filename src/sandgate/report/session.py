@@ -1,0 +1,133 @@
+"""What one session reached for, computed from its events. Pure: events in, a report out.
+
+Names asked (allowed and denied), connection attempts grouped by destination with their
+verdict, reason, category and the uids that made them, totals per category and verdict, and
+the gateway's exact counters (the event log of drops is rate-limited; the counters are not).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sandgate.events.schema import Event, Kind
+from sandgate.events.store import SessionRow
+
+
+@dataclass
+class Destination:
+    dst: str
+    port: int | None
+    protocol: str | None
+    category: str | None
+    verdict: str | None
+    reason: str | None
+    rule: str | None
+    attempts: int = 0  # distinct flows
+    packets: int = 0
+    uids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class NameAsked:
+    name: str
+    verdict: str | None
+    reason: str | None
+    rule: str | None
+    questions: int = 0
+    types: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    uids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SessionReport:
+    session: str | None
+    command: list[str]
+    mode: str | None
+    profile: str | None
+    policy: str | None
+    world: str | None
+    exit_code: int | None
+    duration: float | None
+    names: list[NameAsked]
+    destinations: list[Destination]
+    totals: dict[str, dict[str, int]]  # category -> verdict -> attempts
+    uids: list[int]
+    counters: dict[str, Any]
+    message: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["names_allowed"] = sorted({n.name for n in self.names if n.verdict == "allow"})
+        out["names_denied"] = sorted({n.name for n in self.names if n.verdict == "deny"})
+        return out
+
+
+def build_report(
+    session: SessionRow | None, events: list[Event], counters: dict[str, Any] | None = None
+) -> SessionReport:
+    names: dict[tuple[str, str | None], NameAsked] = {}
+    for e in events:
+        if e.kind is not Kind.DNS or e.name is None:
+            continue
+        item = names.setdefault((e.name, e.verdict), NameAsked(e.name, e.verdict, e.reason, e.rule))
+        item.questions += 1
+        qtype = str(e.details.get("qtype", ""))
+        if qtype and qtype not in item.types:
+            item.types.append(qtype)
+        for a in e.details.get("answers", []):
+            if a not in item.answers:
+                item.answers.append(a)
+        if e.uid is not None and e.uid not in item.uids:
+            item.uids.append(e.uid)
+
+    dests: dict[tuple[Any, ...], Destination] = {}
+    flows: dict[tuple[Any, ...], set[Any]] = defaultdict(set)
+    totals: dict[str, Counter[str]] = defaultdict(Counter)
+    seen_flows: set[tuple[Any, ...]] = set()
+    for e in events:
+        if e.kind is not Kind.CONN:
+            continue
+        key = (e.dst, e.port, e.protocol, e.verdict, e.reason)
+        d = dests.setdefault(
+            key,
+            Destination(e.dst or "?", e.port, e.protocol, e.category, e.verdict, e.reason, e.rule),
+        )
+        flow = (e.details.get("sport"), e.details.get("icmp_type"))
+        if flow not in flows[key] or flow == (None, None):
+            d.attempts += 1
+        flows[key].add(flow)
+        d.packets += e.count
+        if e.uid is not None and e.uid not in d.uids:
+            d.uids.append(e.uid)
+        fkey = (*key, flow)
+        if fkey not in seen_flows:
+            seen_flows.add(fkey)
+            totals[e.category or "other"][e.verdict or "?"] += 1
+    for n in names.values():
+        totals["DNS questions"][n.verdict or "?"] += n.questions
+
+    uids = sorted({e.uid for e in events if e.uid is not None})
+    duration = None
+    if session is not None and session.ended is not None:
+        duration = round(session.ended - session.started, 3)
+    return SessionReport(
+        session=session.id if session else None,
+        command=session.command if session else [],
+        mode=session.mode if session else None,
+        profile=session.profile if session else None,
+        policy=session.policy if session else None,
+        world=session.world if session else None,
+        exit_code=session.exit_code if session else None,
+        duration=duration,
+        names=sorted(names.values(), key=lambda n: (n.verdict or "", n.name)),
+        destinations=sorted(
+            dests.values(), key=lambda d: (d.verdict or "", d.category or "", d.dst)
+        ),
+        totals={k: dict(v) for k, v in sorted(totals.items())},
+        uids=uids,
+        counters=counters or {},
+        message=(session.details.get("message") if session else None),
+    )

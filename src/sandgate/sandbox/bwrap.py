@@ -1,0 +1,139 @@
+"""The command line that starts a sandboxed process. Pure: a spec in, an argv out.
+
+    nsenter --net=GUEST_NS --          (root) enter the guest's network namespace
+    setpriv --reuid U --regid U ...    drop to the unprivileged uid, no capabilities, no new privs
+    bwrap --unshare-all --share-net …  (as U) new user/mount/pid/ipc/uts namespaces, a read-only
+                                       system, fresh /tmp and /run, writable work dir, fresh home
+      -- COMMAND
+
+The uid switch happens *before* bwrap: bwrap run as root with ``--uid`` leaves the process root
+to the host (it can read /etc/shadow; report in FIELD-NOTES). The guest's network namespace is
+owned by the host's user namespace, where U holds no capability, so nothing inside can change
+its links, routes or rules. /run is a fresh tmpfs and no host socket is bound, so no host unix
+socket is reachable (a bound unix socket would cross the network namespace).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SANDBOX_HOME = "/home/agent"
+SANDBOX_WORK = "/work"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Top-level host directories a sandbox sees read-only. Everything else is absent.
+SYSTEM_DIRS = ("/usr", "/etc", "/opt", "/var")
+MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+HIDDEN = ("/var/lib/sandgate", "/var/tmp", "/var/run", "/var/lock", "/etc/sandgate")
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    netns: str  # path of the guest's network namespace
+    uid: int
+    gid: int
+    command: tuple[str, ...]
+    workdir: Path
+    home: Path
+    files: dict[str, Path] = field(default_factory=dict)  # sandbox path -> host file (read-only)
+    env: dict[str, str] = field(default_factory=dict)
+    hostname: str = "sandgate"
+
+
+def argv(spec: SandboxSpec) -> list[str]:
+    out = ["nsenter", f"--net={spec.netns}", "--"]
+    out += [
+        "setpriv",
+        f"--reuid={spec.uid}",
+        f"--regid={spec.gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
+    out += [
+        "bwrap",
+        "--unshare-all",
+        "--share-net",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        spec.hostname,
+    ]
+    for top in MERGED_LINKS:
+        if os.path.islink(top):
+            out += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            out += ["--ro-bind", top, top]
+    for top in SYSTEM_DIRS:
+        if os.path.isdir(top):
+            out += ["--ro-bind", top, top]
+    for hidden in HIDDEN:
+        if os.path.isdir(hidden) and not os.path.islink(hidden):
+            out += ["--tmpfs", hidden]
+    out += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--tmpfs",
+        "/run",
+        "--dir",
+        "/home",
+        "--bind",
+        str(spec.home),
+        SANDBOX_HOME,
+        "--bind",
+        str(spec.workdir),
+        SANDBOX_WORK,
+    ]
+    for target, source in sorted(spec.files.items()):
+        out += ["--ro-bind", str(source), target]
+    out += ["--clearenv"]
+    for key, value in sorted(base_env(spec).items()):
+        out += ["--setenv", key, value]
+    out += ["--chdir", SANDBOX_WORK, "--"]
+    out += list(spec.command)
+    return out
+
+
+def base_env(spec: SandboxSpec) -> dict[str, str]:
+    env = {
+        "PATH": SANDBOX_PATH,
+        "HOME": SANDBOX_HOME,
+        "USER": "agent",
+        "LOGNAME": "agent",
+        "LANG": "C.UTF-8",
+        "TERM": os.environ.get("TERM", "dumb"),
+        "TMPDIR": "/tmp",
+    }
+    env.update(spec.env)
+    return env
+
+
+def passwd_lines(uid: int, gid: int, passwd: str, group: str) -> tuple[str, str]:
+    """The host's passwd/group with an ``agent`` entry for the sandbox uid, so tools that look
+    the user up (git, ssh, pip's cache) work; password hashes live in shadow, which stays hidden."""
+    users = [line for line in passwd.splitlines() if line and line.split(":")[0] != "agent"]
+    groups = [line for line in group.splitlines() if line and line.split(":")[0] != "agent"]
+    users.append(f"agent:x:{uid}:{gid}:sandgate agent:{SANDBOX_HOME}:/bin/bash")
+    groups.append(f"agent:x:{gid}:")
+    return "\n".join(users) + "\n", "\n".join(groups) + "\n"
+
+
+def find_command(name: str, path: str = SANDBOX_PATH) -> str | None:
+    """Where ``name`` would be found inside the sandbox (which sees the host's system dirs)."""
+    if "/" in name:
+        visible = name.startswith(("/usr/", "/bin/", "/sbin/", "/lib", "/opt/", SANDBOX_WORK + "/"))
+        return name if visible or not name.startswith("/") else None
+    for directory in path.split(":"):
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None

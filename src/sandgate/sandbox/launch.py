@@ -1,0 +1,163 @@
+"""One sandbox: a guest namespace, its files, and the sandboxed process.
+
+The guest namespace is made here (named, so it outlives a gateway restart); the gateway daemon
+gives it its only link. The process runs under bubblewrap as an unprivileged uid (bwrap.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandgate.errors import SandboxError, SetupError
+from sandgate.net import ns
+from sandgate.sandbox import bwrap
+
+SESSIONS_ROOT = Path(os.environ.get("SANDGATE_SESSIONS", "/var/tmp/sandgate"))
+CA_VARS = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+)
+SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+TOOLS = {"bwrap": "bubblewrap", "setpriv": "util-linux", "nsenter": "util-linux", "nft": "nftables"}
+
+
+def preflight() -> None:
+    """Say plainly what is missing, before anything is created."""
+    if os.geteuid() != 0:
+        raise SetupError(
+            "sandgate needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces, "
+            "links and nftables rules",
+            "run it with sudo",
+        )
+    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
+    if missing:
+        raise SetupError(
+            f"missing tools: {', '.join(t for t, p in TOOLS.items() if p in missing)}",
+            f"apt-get install {' '.join(missing)}",
+        )
+
+
+@dataclass
+class Sandbox:
+    session: str
+    instance: str
+    netns: str = ""
+    dir: Path = field(default_factory=Path)
+    workdir: Path = field(default_factory=Path)
+    home: Path = field(default_factory=Path)
+    own_workdir: bool = True
+    proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def create(cls, session: str, instance: str, workdir: Path | None, uid: int) -> Sandbox:
+        box = cls(session, instance)
+        box.netns = f"sg-{instance}-s{secrets.token_hex(3)}"
+        box.dir = SESSIONS_ROOT / session
+        try:
+            SESSIONS_ROOT.mkdir(parents=True, exist_ok=True)
+            os.chmod(SESSIONS_ROOT, 0o711)
+            box.dir.mkdir(mode=0o711)
+            (box.dir / "etc").mkdir(mode=0o755)
+            box.home = box.dir / "home"
+            box.home.mkdir(mode=0o700)
+            os.chown(box.home, uid, uid)
+            if workdir is None:
+                box.workdir = box.dir / "work"
+                box.workdir.mkdir(mode=0o700)
+                os.chown(box.workdir, uid, uid)
+            else:
+                box.workdir, box.own_workdir = workdir.resolve(), False
+                if not box.workdir.is_dir():
+                    raise SandboxError(f"work dir {workdir} does not exist")
+            ns.create(box.netns)
+        except BaseException:
+            box.destroy(keep_files=False)
+            raise
+        return box
+
+    def etc_files(self, gateway: str, uid: int, ca_cert: Path | None) -> dict[str, Path]:
+        """The files the sandbox sees in place of the host's: resolver, users, CA trust."""
+        etc = self.dir / "etc"
+        files: dict[str, Path] = {}
+        (etc / "resolv.conf").write_text(
+            f"nameserver {gateway}\noptions edns0 timeout:2 attempts:2\n"
+        )
+        files["/etc/resolv.conf"] = etc / "resolv.conf"
+        (etc / "hosts").write_text("127.0.0.1\tlocalhost\n127.0.1.1\tsandgate\n")
+        files["/etc/hosts"] = etc / "hosts"
+        passwd, group = bwrap.passwd_lines(
+            uid, uid, Path("/etc/passwd").read_text(), Path("/etc/group").read_text()
+        )
+        (etc / "passwd").write_text(passwd)
+        (etc / "group").write_text(group)
+        files["/etc/passwd"] = etc / "passwd"
+        files["/etc/group"] = etc / "group"
+        if ca_cert is not None:
+            bundle = etc / "ca-certificates.crt"
+            system = SYSTEM_BUNDLE.read_bytes() if SYSTEM_BUNDLE.exists() else b""
+            bundle.write_bytes(system.rstrip(b"\n") + b"\n" + ca_cert.read_bytes())
+            files[str(SYSTEM_BUNDLE)] = bundle
+        for path in files.values():
+            os.chmod(path, 0o644)
+        return files
+
+    def run(self, spec: bwrap.SandboxSpec, timeout: float | None) -> int:
+        """Run the sandboxed command; its output goes to ours. Returns its exit status."""
+        found = bwrap.find_command(spec.command[0]) if spec.command else None
+        if found is None:
+            raise CommandNotFound(spec.command[0] if spec.command else "")
+        self.proc = subprocess.Popen(bwrap.argv(spec), start_new_session=True)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return 124
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """Kill the sandboxed process group (by the pid we started), if it still runs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                time.sleep(0.02)
+            if self.proc.poll() is not None:
+                return
+
+    def destroy(self, keep_files: bool = False) -> None:
+        self.kill()
+        if self.netns:
+            with contextlib.suppress(Exception):
+                ns.remove(self.netns)
+        if not keep_files and self.dir and self.dir != Path() and self.dir.is_dir():
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class CommandNotFound(SandboxError):
+    def __init__(self, command: str) -> None:
+        super().__init__(
+            f"command not found inside the sandbox: {command!r}",
+            "the sandbox sees /usr, /opt and the work dir (mounted at /work); give a path there",
+        )
+        self.command = command
+
+
+def ca_env(path: str = str(SYSTEM_BUNDLE)) -> dict[str, str]:
+    """Point every common TLS client at the sandbox's CA bundle."""
+    return dict.fromkeys(CA_VARS, path)

@@ -1,0 +1,351 @@
+"""The test world: a LAN and an "internet" made of namespaces of our own.
+
+    [gateway ns] up0 ── gw0 ┐
+                            br0 10.77.0.1/24  [sg-I-lan: router]  wan0 ── lan0  [sg-I-wan]
+    [sg-I-model] eth0 ──────┤  10.77.0.10:8000 model server            203.0.113.x, 198.51.100.x
+    [sg-I-nas]   eth0 ──────┘  10.77.0.20: 22, 445, 2049 (tripwires)   web, DNS (+DoT, DoH)
+
+Nothing here has a link to the host or the real network: the only way out of the world is
+into the gateway. The public addresses are documentation ranges, which sandgate rightly treats
+as special; the world declares them public through ``public_override``, a setting only the
+world can make (policy/load.py refuses it in files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sandgate.gateway.config import Uplink
+from sandgate.net import ns
+from sandgate.world.ca import CA, make_ca, write_pair
+from sandgate.world.servers.launch import Running, start
+
+LAN = ipaddress.IPv4Network("10.77.0.0/24")
+ROUTER = "10.77.0.1"
+GATEWAY_UPLINK = "10.77.0.2/24"
+MODEL = "10.77.0.10"
+MODEL_PORT = 8000
+NAS = "10.77.0.20"
+NAS_TCP = (22, 139, 445, 2049, 111)
+NAS_UDP = (2049, 137)
+TRANSIT = ("10.77.255.1/30", "10.77.255.2/30")
+PUBLIC = ("203.0.113.0/24", "198.51.100.0/24")
+RESOLVER = "198.51.100.53"
+PUBLIC_IP = "198.51.100.10"  # a "hardcoded public IP" with a web server on it
+
+# name -> address of the "public" hosts. Enough for report 000's tasks and the probes.
+HOSTS: dict[str, str] = {
+    "example.com": "203.0.113.10",
+    "www.example.com": "203.0.113.10",
+    "pypi.org": "203.0.113.20",
+    "files.pythonhosted.org": "203.0.113.21",
+    "github.com": "203.0.113.30",
+    "api.github.com": "203.0.113.31",
+    "raw.githubusercontent.com": "203.0.113.32",
+    "codeload.github.com": "203.0.113.30",
+    "gist.github.com": "203.0.113.33",
+    "evil.example": "203.0.113.40",
+    "exfil.evil.example": "203.0.113.40",
+    "api.openai.com": "203.0.113.50",
+    "wttr.in": "203.0.113.60",
+    "api.open-meteo.com": "203.0.113.61",
+    "llmbits.com": "203.0.113.70",
+    "ollama.com": "203.0.113.71",
+    "deb.debian.org": "203.0.113.80",
+    "security.debian.org": "203.0.113.80",
+    "dns.example.net": RESOLVER,
+    "public.example.net": PUBLIC_IP,
+}
+# Names that resolve into special-purpose space: DNS rebinding bait.
+REBIND: dict[str, str] = {
+    "rebind.example": NAS,
+    "metadata.example": "169.254.169.254",
+    "loopback.example": "127.0.0.1",
+    "models.example": MODEL,
+}
+WILDCARD_ZONES = ("exfil.evil.example",)
+
+
+@dataclass
+class WorldInfo:
+    """What a gateway and sandboxes need to know about a running world."""
+
+    uplink: Uplink
+    upstream_dns: tuple[str, ...]
+    public_override: tuple[str, ...]
+    ca_cert: Path
+    policy: Path
+    logs: dict[str, Path]
+    namespaces: tuple[str, ...]
+
+
+@dataclass
+class TestWorld:
+    instance: str
+    base: Path | None = None
+    servers: list[Running] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    info: WorldInfo | None = None
+
+    def ns(self, role: str) -> str:
+        return f"sg-{self.instance}-{role}"
+
+    # -- build and tear down ------------------------------------------------------------------
+
+    def up(self) -> WorldInfo:
+        try:
+            return self._up()
+        except BaseException:
+            self.down()
+            raise
+
+    def _up(self) -> WorldInfo:
+        self.base = Path(tempfile.mkdtemp(prefix=f"sandgate-world-{self.instance}-"))
+        self.base.chmod(0o755)
+        lan, wan, model, nas = (self.ns(r) for r in ("lan", "wan", "model", "nas"))
+        for name in (lan, wan, model, nas):
+            ns.create(name)
+            self.namespaces.append(name)
+        self._wire(lan, wan, model, nas)
+        ca = make_ca(f"sandgate test world {self.instance}", days=30)
+        ca_dir = self.base / "ca"
+        write_pair(ca_dir, "ca", ca.cert_pem, ca.key_pem)
+        logs = {k: self.base / f"{k}.jsonl" for k in ("dns", "web", "model", "nas")}
+        self._start_servers(ca, ca_dir, logs, wan, model, nas)
+        policy = self.base / "testworld.toml"
+        policy.write_bytes(
+            resources.files("sandgate.world").joinpath("testworld.toml").read_bytes()
+        )
+        self.info = WorldInfo(
+            uplink=Uplink(
+                kind="netns",
+                address=GATEWAY_UPLINK,
+                via=ROUTER,
+                peer_netns=lan,
+                peer_ifname="gw0",
+                peer_master="br0",
+            ),
+            upstream_dns=(RESOLVER,),
+            public_override=PUBLIC,
+            ca_cert=ca_dir / "ca.pem",
+            policy=policy,
+            logs=logs,
+            namespaces=tuple(self.namespaces),
+        )
+        return self.info
+
+    def down(self) -> None:
+        for server in reversed(self.servers):
+            with contextlib.suppress(Exception):
+                server.stop()
+        self.servers.clear()
+        for name in reversed(self.namespaces):
+            with contextlib.suppress(Exception):
+                ns.remove(name)
+        self.namespaces.clear()
+        if self.base is not None:
+            shutil.rmtree(self.base, ignore_errors=True)
+            self.base = None
+
+    def __enter__(self) -> WorldInfo:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # -- links --------------------------------------------------------------------------------
+
+    def _wire(self, lan: str, wan: str, model: str, nas: str) -> None:
+        ipr = ns.iproute(lan)
+        try:
+            ipr.link("add", ifname="br0", kind="bridge")
+            br = ipr.link_lookup(ifname="br0")[0]
+            ipr.addr("add", index=br, address=ROUTER, prefixlen=24)
+            ipr.link("set", index=br, state="up")
+            _lo_up(ipr)
+            for host, addr in ((model, MODEL), (nas, NAS)):
+                port = f"p-{host.rsplit('-', 1)[1]}"
+                fd = _open_ns(host)
+                try:
+                    ipr.link(
+                        "add", ifname=port, kind="veth", peer={"ifname": "eth0", "net_ns_fd": fd}
+                    )
+                finally:
+                    os.close(fd)
+                idx = ipr.link_lookup(ifname=port)[0]
+                ipr.link("set", index=idx, master=br, state="up")
+                _host_side(host, addr, 24, ROUTER)
+            fd = _open_ns(wan)
+            try:
+                ipr.link(
+                    "add", ifname="wan0", kind="veth", peer={"ifname": "lan0", "net_ns_fd": fd}
+                )
+            finally:
+                os.close(fd)
+            idx = ipr.link_lookup(ifname="wan0")[0]
+            iface = ipaddress.IPv4Interface(TRANSIT[0])
+            ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=30)
+            ipr.link("set", index=idx, state="up")
+            ipr.route("add", dst="default", gateway=str(ipaddress.IPv4Interface(TRANSIT[1]).ip))
+        finally:
+            ipr.close()
+        ns.run_in(
+            lan,
+            lambda: ns.write_sysctls(
+                {"net.ipv4.ip_forward": "1", "net.ipv6.conf.all.disable_ipv6": "1"}
+            ),
+        )
+        self._wire_wan(wan)
+
+    def _wire_wan(self, wan: str) -> None:
+        ipr = ns.iproute(wan)
+        try:
+            _lo_up(ipr)
+            lo = ipr.link_lookup(ifname="lo")[0]
+            for address in sorted({*HOSTS.values(), RESOLVER, PUBLIC_IP}):
+                ipr.addr("add", index=lo, address=address, prefixlen=32)
+            idx = ipr.link_lookup(ifname="lan0")[0]
+            iface = ipaddress.IPv4Interface(TRANSIT[1])
+            ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=30)
+            ipr.link("set", index=idx, state="up")
+            ipr.route(
+                "add", dst="10.77.0.0/16", gateway=str(ipaddress.IPv4Interface(TRANSIT[0]).ip)
+            )
+        finally:
+            ipr.close()
+        ns.run_in(wan, lambda: ns.write_sysctls({"net.ipv6.conf.all.disable_ipv6": "1"}))
+
+    # -- servers ------------------------------------------------------------------------------
+
+    def _start_servers(
+        self, ca: CA, ca_dir: Path, logs: dict[str, Path], wan: str, model: str, nas: str
+    ) -> None:
+        assert self.base is not None
+        dns_cfg = {
+            "listen": [f"{RESOLVER}:53"],
+            "dot": [f"{RESOLVER}:853"],
+            "doh": [f"{RESOLVER}:443"],
+            "ca_dir": str(ca_dir),
+            "tls_names": ["dns.example.net"],
+            "zones": _zones(),
+        }
+        web_cfg = {
+            "http": [f"{a}:80" for a in sorted({*HOSTS.values(), PUBLIC_IP} - {RESOLVER})],
+            "https": [f"{a}:443" for a in sorted({*HOSTS.values(), PUBLIC_IP} - {RESOLVER})],
+            "ca_dir": str(ca_dir),
+            "h2": True,
+            "vhosts": _vhosts(self.base),
+        }
+        self.servers.append(self._start("dns", dns_cfg, logs["dns"], wan))
+        self.servers.append(self._start("web", web_cfg, logs["web"], wan))
+        self.servers.append(
+            self._start("model", {"listen": [f"{MODEL}:{MODEL_PORT}"]}, logs["model"], model)
+        )
+        self.servers.append(
+            self._start(
+                "listen",
+                {"bind": [NAS], "tcp": [str(p) for p in NAS_TCP], "udp": [str(p) for p in NAS_UDP]},
+                logs["nas"],
+                nas,
+            )
+        )
+
+    def _start(self, server: str, config: dict[str, Any], log: Path, netns: str) -> Running:
+        assert self.base is not None
+        path = self.base / f"{server}.json"
+        path.write_text(json.dumps(config, indent=2))
+        return start(
+            server, ["--config", str(path), "--log", str(log)], prefix=ns.nsenter_argv(netns)
+        )
+
+
+def _zones() -> list[dict[str, Any]]:
+    zones: dict[str, list[dict[str, str]]] = {}
+    for name, address in {**HOSTS, **REBIND}.items():
+        origin = ".".join(name.split(".")[-2:])
+        rel = name[: -len(origin)].rstrip(".") or "@"
+        zones.setdefault(origin, []).append({"name": rel, "type": "A", "value": address})
+    out = [{"origin": o, "ttl": 300, "records": r} for o, r in sorted(zones.items())]
+    for origin in WILDCARD_ZONES:
+        out.append(
+            {
+                "origin": origin,
+                "ttl": 60,
+                "wildcard": True,
+                "records": [{"name": "@", "type": "A", "value": HOSTS[origin]}],
+            }
+        )
+    return out
+
+
+def _vhosts(base: Path) -> list[dict[str, Any]]:
+    title = (
+        "<!doctype html><html><head><title>Example Domain</title></head>"
+        "<body><h1>Example Domain</h1></body></html>"
+    )
+    vhosts: list[dict[str, Any]] = [
+        {
+            "names": ["example.com", "www.example.com", HOSTS["example.com"]],
+            "routes": {
+                "/": {"status": 200, "headers": {"content-type": "text/html"}, "body": title}
+            },
+            "builtins": True,
+        },
+        {
+            "names": ["pypi.org", "files.pythonhosted.org"],
+            "builtins": True,
+            "pypi": str(base / "wheels"),
+        },
+        {
+            "names": ["github.com", "*.github.com", "raw.githubusercontent.com"],
+            "builtins": True,
+            "git": str(base / "git"),
+            "routes": {
+                "/repos/ollama/ollama/releases/latest": {
+                    "status": 200,
+                    "headers": {"content-type": "application/json"},
+                    "body": json.dumps({"tag_name": "v0.40.11", "name": "v0.40.11"}),
+                }
+            },
+        },
+    ]
+    taken = {n for v in vhosts for n in v["names"]}
+    for name, address in sorted(HOSTS.items()):
+        if name not in taken:
+            vhosts.append({"names": [name, address], "builtins": True})
+            taken.add(name)
+    vhosts.append({"names": [PUBLIC_IP], "builtins": True})
+    (base / "wheels").mkdir(exist_ok=True)
+    (base / "git").mkdir(exist_ok=True)
+    return vhosts
+
+
+def _lo_up(ipr: Any) -> None:
+    lo = ipr.link_lookup(ifname="lo")[0]
+    ipr.link("set", index=lo, state="up")
+
+
+def _open_ns(name: str) -> int:
+    return os.open(ns.path(name), os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _host_side(netns: str, address: str, prefixlen: int, via: str) -> None:
+    ipr = ns.iproute(netns)
+    try:
+        _lo_up(ipr)
+        idx = ipr.link_lookup(ifname="eth0")[0]
+        ipr.addr("add", index=idx, address=address, prefixlen=prefixlen)
+        ipr.link("set", index=idx, state="up")
+        ipr.route("add", dst="default", gateway=via)
+    finally:
+        ipr.close()
+    ns.run_in(netns, lambda: ns.write_sysctls({"net.ipv6.conf.all.disable_ipv6": "1"}))
