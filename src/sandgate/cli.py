@@ -291,6 +291,118 @@ def cleanup(
         out.print(f"left (still in use): {', '.join(result.kept)}")
 
 
+@app.command()
+def demo(
+    json_out: JsonOpt = False,
+) -> None:
+    """Build the test world, run a scripted agent locked and open, print both reports."""
+    from sandgate.report.render import print_side_by_side
+    from sandgate.session.demo import demo as run_demo
+
+    try:
+        result = run_demo()
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if json_out:
+        for mode, r in result.runs:
+            print(
+                json.dumps(
+                    {
+                        "mode": mode,
+                        "session": r.session,
+                        "exit_code": r.exit_code,
+                        **r.report.as_json(),
+                    }
+                )
+            )
+        return
+    print_side_by_side([(mode, r.report) for mode, r in result.runs])
+    out.print("Every attempt is in the event store: [bold]sandgate log --session last[/bold]")
+
+
+@app.command()
+def up(
+    world: Annotated[
+        str | None, typer.Option("--world", help="'test': bring up the test world behind it")
+    ] = None,
+    instance: Annotated[str | None, typer.Option("--instance", help="name of this gateway")] = None,
+) -> None:
+    """Bring up a gateway and keep it until Ctrl-C or `sandgate down`."""
+    import signal as _signal
+    import time as _time
+
+    from sandgate.gateway.config import run_dir
+    from sandgate.sandbox.launch import preflight
+    from sandgate.session.stack import bring_up
+
+    if world not in (None, "test"):
+        raise typer.BadParameter("the only world is 'test'", param_hint="--world")
+    name = instance or ("test" if world == "test" else "main")
+    try:
+        preflight()
+        stack = bring_up(name, world=world == "test")
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    _signal.signal(_signal.SIGTERM, stop)
+    _signal.signal(_signal.SIGINT, stop)
+    (run_dir(name) / "up.pid").write_text(str(os.getpid()))
+    err.print(
+        f"gateway [bold]{name}[/bold] is up (pid {stack.gateway.pid})"
+        + (" with the test world" if stack.world else "")
+        + "; Ctrl-C or `sandgate down` stops it"
+    )
+    code = 0
+    try:
+        while not stopping:
+            if not stack.gateway.alive():
+                err.print("[red]ALARM[/red] the gateway daemon died; its guests have no way out")
+                code = 1
+                break
+            _time.sleep(0.2)
+    finally:
+        stack.teardown()
+    raise typer.Exit(code)
+
+
+@app.command()
+def down(
+    instance: Annotated[str, typer.Option("--instance", help="which gateway")] = "",
+) -> None:
+    """Stop a gateway started with `sandgate up`."""
+    import signal as _signal
+    import time as _time
+
+    from sandgate.gateway.config import run_dir
+
+    names = [instance] if instance else ["main", "test"]
+    stopped = []
+    for name in names:
+        try:
+            pid = int((run_dir(name) / "up.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"sandgate" not in cmdline:
+            continue
+        os.kill(pid, _signal.SIGTERM)
+        deadline = _time.monotonic() + 20
+        while _time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            _time.sleep(0.1)
+        stopped.append(name)
+    out.print(f"stopped: {', '.join(stopped)}" if stopped else "no gateway was up")
+
+
 def main() -> Any:
     try:
         return app()
@@ -301,5 +413,3 @@ def main() -> Any:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-_ = os

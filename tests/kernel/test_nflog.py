@@ -10,6 +10,8 @@ drops everything (group 7). Packets go only to loopback and into these namespace
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import os
 import select
@@ -264,6 +266,26 @@ def test_arp_is_logged(topo: Topology) -> None:
         arp = collect(sock, 1)
     assert arp, "no ARP request logged"
     assert (arp[0].family, arp[0].hook, arp[0].src, arp[0].dst) == (3, 1, "10.77.0.2", "10.77.0.1")
+
+
+def test_asyncio_reads_through_add_reader(topo: Topology) -> None:
+    async def main(sock: NflogSocket) -> list[NflogPacket]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[NflogPacket]] = asyncio.Queue()
+        loop.add_reader(sock.fileno(), lambda: queue.put_nowait(sock.read()))
+        try:
+            tx = run_in_netns(topo.guest_path, lambda: socket.socket(type=socket.SOCK_DGRAM))
+            with tx, contextlib.suppress(PermissionError):  # logged, then dropped
+                tx.sendto(b"a", ("127.0.0.1", 9999))
+            while not (batch := await asyncio.wait_for(queue.get(), 2.0)):
+                pass
+            return batch
+        finally:
+            loop.remove_reader(sock.fileno())
+
+    with NflogSocket.in_netns(topo.guest_path, 9, qthresh=1) as sock:
+        [pkt] = asyncio.run(main(sock))
+    assert (pkt.prefix, pkt.dport, pkt.uid) == ("sg-burst ", 9999, 0)
 
 
 PACED_SENDER = """

@@ -9,6 +9,13 @@ DESTROY carries the final counters when ``net.netfilter.nf_conntrack_acct=1`` in
 and start/stop times when ``nf_conntrack_timestamp=1``. Events carry no sequence numbers; each
 is one datagram, so the socket's kernel drop count (``ConntrackSocket.lost``) is the exact number
 of events lost.
+
+Measured on kernel 6.18, 2 cores: ~16-19 us CPU per event (one datagram each, no batching), about
+twice NFLOG's; a NEW event ~0.25 ms after the packet; unpaced new flows (~65-115k/s) lost 21-41%
+even with a 4-32 MiB buffer, while a ``ct state new log group N`` rule read by ``NflogSocket``
+lost none. DESTROY arrives when the garbage collector finds the entry: 20 s or more after expiry
+in a quiet namespace. So accepted flows are best logged through NFLOG; use this reader for
+end-of-flow counters, knowing it can lose under bursts (and says how many).
 """
 
 from __future__ import annotations

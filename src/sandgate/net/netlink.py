@@ -19,6 +19,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -234,8 +235,10 @@ class NetfilterSocket:
         self._sock.send(msg)
         poller = select.poll()
         poller.register(self._sock, select.POLLIN)
+        deadline = time.monotonic() + timeout
         while True:
-            if not poller.poll(int(timeout * 1000)):
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(int(left * 1000) + 1):
                 raise NetlinkError(errno.ETIMEDOUT, f"no ack for netlink request {mtype:#x}")
             for dgram in self._recv_some():
                 code = _ack_code(dgram, seq)

@@ -12,6 +12,12 @@ up as a gap and ``NflogSocket.lost`` counts it.
 
 There is no uid/gid flag to request: the kernel adds ``NFULA_UID``/``NFULA_GID`` by itself whenever
 the packet still carries its sending socket, i.e. for locally generated packets (output hooks).
+They are the credentials the socket was opened with, not those of whoever sends on it later.
+
+Measured on kernel 6.18, 2 cores: ``read()`` costs ~8-12 us CPU per packet; a lone packet is
+reported after ~0.25 ms with ``qthresh=1`` but only after ``timeout_cs`` with ``qthresh=64``;
+unpaced (~150k packets/s) ``qthresh=1`` lost ~30% while 64 lost none or a short tail run. The
+defaults (64, 10 cs) trade at most 100 ms of delay on sparse traffic for burst safety.
 """
 
 from __future__ import annotations
@@ -320,9 +326,11 @@ class NflogSocket:
     """A netlink socket bound to one NFLOG group of the namespace it was created in.
 
     The kernel allows one listener per group and namespace: binding a group another socket holds
-    raises ``NetlinkError`` with errno EPERM (not EBUSY). Closing the socket releases the group. ``qthresh``, ``timeout_cs`` and ``nlbufsiz`` tune the
-    kernel's batching (module docstring); ``copy_range`` is how many bytes of each packet, from the
-    L3 header on, are copied (128 holds IPv4/IPv6 plus TCP headers with options).
+    raises ``NetlinkError`` with errno EPERM (not EBUSY). Closing the socket releases the group.
+
+    ``qthresh``, ``timeout_cs`` and ``nlbufsiz`` tune the kernel's batching (module docstring);
+    ``copy_range`` is how many bytes of each packet, from the L3 header on, are copied (128 holds
+    IPv4/IPv6 plus TCP headers with options).
 
     Loss counters. Once the receive buffer overflows, the kernel drops every batch until this
     socket has been read empty, so losses come in runs. ``lost`` is the number of packets missing

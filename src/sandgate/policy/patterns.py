@@ -32,8 +32,8 @@ class DomainPattern:
     def covers(self, other: DomainPattern) -> bool:
         """True when every name ``other`` matches is matched by this pattern too."""
         if self.wildcard:
-            return (
-                (other.base == self.base and other.wildcard) or other.base.endswith("." + self.base)
+            return (other.base == self.base and other.wildcard) or other.base.endswith(
+                "." + self.base
             )
         return not other.wildcard and other.base == self.base
 

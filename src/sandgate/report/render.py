@@ -68,15 +68,42 @@ def print_report(
     (console or Console(stderr=True)).print(session_tables(r, title))
 
 
+def comparison(reports: Sequence[tuple[str, SessionReport]]) -> Table:
+    """One row per name or destination, one column per session: what each reached for."""
+    table = Table(title="what the agent reached for", title_justify="left")
+    table.add_column("attempt")
+    for title, r in reports:
+        table.add_column(f"{title}\n{r.session}", overflow="fold")
+    rows: dict[str, list[Text]] = {}
+    width = len(reports)
+    for i, (_, r) in enumerate(reports):
+        for n in r.names:
+            cells = rows.setdefault(f"name {n.name}", [Text("-", style="dim")] * width)
+            answer = f" → {n.answers[0]}" if n.answers else ""
+            cells[i] = Text(
+                f"{n.verdict} {n.reason}{answer} ×{n.questions}",
+                style=VERDICT_STYLE.get(n.verdict or "", ""),
+            )
+        for d in r.destinations:
+            port = f":{d.port}" if d.port is not None else ""
+            cells = rows.setdefault(f"{d.category} {d.dst}{port}", [Text("-", style="dim")] * width)
+            rule = f" ({d.rule})" if d.rule else ""
+            cells[i] = Text(
+                f"{d.verdict} {d.reason}{rule} ×{d.attempts}",
+                style=VERDICT_STYLE.get(d.verdict or "", ""),
+            )
+    for key in sorted(rows, key=lambda k: (not k.startswith("name "), k)):
+        table.add_row(key, *rows[key])
+    table.add_section()
+    table.add_row("exit status", *[Text(str(r.exit_code)) for _, r in reports])
+    table.add_row("uids", *[Text(", ".join(map(str, r.uids)) or "-") for _, r in reports])
+    return table
+
+
 def print_side_by_side(
     reports: Sequence[tuple[str, SessionReport]], console: Console | None = None
 ) -> None:
-    console = console or Console()
-    grid = Table.grid(padding=(0, 4))
-    for _ in reports:
-        grid.add_column()
-    grid.add_row(*[session_tables(r, title) for title, r in reports])
-    console.print(grid)
+    (console or Console()).print(comparison(reports))
 
 
 def events_table(events: Iterable[Event]) -> Table:

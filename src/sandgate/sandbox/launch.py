@@ -113,6 +113,18 @@ class Sandbox:
             os.chmod(path, 0o644)
         return files
 
+    def copy_in(self, files: dict[str, Path]) -> dict[str, Path]:
+        """Copies of host files the sandbox may read (the originals may sit in a private dir)."""
+        out: dict[str, Path] = {}
+        folder = self.dir / "files"
+        for i, (target, source) in enumerate(sorted(files.items())):
+            folder.mkdir(mode=0o755, exist_ok=True)
+            copy = folder / f"{i}-{Path(target).name}"
+            shutil.copyfile(source, copy)
+            os.chmod(copy, 0o644)
+            out[target] = copy
+        return out
+
     def run(self, spec: bwrap.SandboxSpec, timeout: float | None) -> int:
         """Run the sandboxed command; its output goes to ours. Returns its exit status."""
         found = bwrap.find_command(spec.command[0]) if spec.command else None

@@ -1,0 +1,161 @@
+"""A gateway, and the test world behind it when asked: found running, or brought up for a while.
+
+``sandgate up`` brings one up and keeps it; ``run``, ``demo`` and the tests bring up their own
+(an ephemeral instance with a random name) when none is running. Teardown removes all of it:
+servers, daemon (whose namespace dies with it), world namespaces, run files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandgate import cleanup
+from sandgate.errors import SandgateError
+from sandgate.gateway import manage
+from sandgate.gateway.config import GatewayConfig, Uplink, run_dir
+from sandgate.gateway.manage import GatewayHandle
+from sandgate.policy.load import load_policy
+from sandgate.world.topology import TestWorld, WorldInfo
+
+
+@dataclass
+class Stack:
+    instance: str
+    gateway: GatewayHandle
+    world: WorldInfo | None
+    owned: bool = False
+    _world: TestWorld | None = field(default=None, repr=False)
+
+    def teardown(self) -> None:
+        if not self.owned:
+            return
+        with contextlib.suppress(Exception):
+            manage.stop(self.gateway)
+        if self._world is not None:
+            self._world.down()
+            cleanup.forget_pids(f"world-{self.instance}")
+        shutil.rmtree(run_dir(self.instance), ignore_errors=True)
+        cleanup.disown(f"instance-{self.instance}")
+
+
+def bring_up(
+    instance: str | None = None, *, world: bool, store: str | None = None, **gateway_extra: Any
+) -> Stack:
+    """Start a gateway (and a test world for it). The caller must ``teardown()``."""
+    name = instance or ("r" + secrets.token_hex(2))
+    if manage.find(name) is not None:
+        raise SandgateError(
+            f"a gateway '{name}' is already running", "stop it with `sandgate down`"
+        )
+    cleanup.own(f"instance-{name}")
+    tw = TestWorld(name) if world else None
+    handle: GatewayHandle | None = None
+    try:
+        info = tw.up() if tw is not None else None
+        if tw is not None:
+            cleanup.record_pids(f"world-{name}", [s.proc.pid for s in tw.servers])
+        handle = manage.start(gateway_config(name, info, store, **gateway_extra))
+        if info is not None:
+            (run_dir(name) / "world.json").write_text(
+                json.dumps(dataclasses.asdict(info), default=str, indent=2)
+            )
+    except BaseException:
+        if handle is not None:
+            manage.stop(handle)
+        if tw is not None:
+            tw.down()
+        shutil.rmtree(run_dir(name), ignore_errors=True)
+        cleanup.disown(f"instance-{name}")
+        raise
+    return Stack(name, handle, info, owned=True, _world=tw)
+
+
+def find_stack(instance: str) -> Stack | None:
+    handle = manage.find(instance)
+    if handle is None:
+        return None
+    return Stack(instance, handle, load_world(run_dir(instance) / "world.json"))
+
+
+@contextlib.contextmanager
+def stack_for(
+    world: str | None, instance: str | None = None, store: str | None = None
+) -> Iterator[Stack]:
+    """The instance's running gateway, or one of our own for the duration of the block."""
+    name = instance or ("test" if world == "test" else "main")
+    running = find_stack(name)
+    if running is not None:
+        if world == "test" and running.world is None:
+            raise SandgateError(
+                f"the running gateway '{name}' is not a test-world gateway",
+                "stop it with `sandgate down`, or run without --world test",
+            )
+        yield running
+        return
+    stack = bring_up(world=world == "test", store=store)
+    try:
+        yield stack
+    finally:
+        stack.teardown()
+
+
+def gateway_config(
+    instance: str, info: WorldInfo | None, store: str | None, **extra: Any
+) -> GatewayConfig:
+    if info is not None:
+        return GatewayConfig(
+            instance=instance,
+            uplink=info.uplink,
+            upstream_dns=info.upstream_dns,
+            public_override=info.public_override,
+            store=store or "",
+            **extra,
+        )
+    spec = load_policy(None).file.gateway
+    return GatewayConfig(
+        instance=instance,
+        uplink=Uplink(kind="host", host_ifname=f"sg-{instance}-up", subnet=spec.uplink_subnet),
+        upstream_dns=tuple(spec.upstream_dns) or host_resolvers(),
+        store=store or "",
+        **extra,
+    )
+
+
+def host_resolvers() -> tuple[str, ...]:
+    """The host's own resolvers (systemd-resolved's upstreams when it runs a stub)."""
+    for path in ("/run/systemd/resolve/resolv.conf", "/etc/resolv.conf"):
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        servers = [
+            ln.split()[1] for ln in lines if ln.startswith("nameserver") and len(ln.split()) > 1
+        ]
+        servers = [s for s in servers if not s.startswith("127.")]
+        if servers:
+            return tuple(servers)
+    return ()
+
+
+def load_world(path: Path) -> WorldInfo | None:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return WorldInfo(
+        uplink=Uplink(**raw["uplink"]),
+        upstream_dns=tuple(raw["upstream_dns"]),
+        public_override=tuple(raw["public_override"]),
+        ca_cert=Path(raw["ca_cert"]),
+        policy=Path(raw["policy"]),
+        logs={k: Path(v) for k, v in raw["logs"].items()},
+        namespaces=tuple(raw["namespaces"]),
+    )
