@@ -159,9 +159,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         if box is not None:
             box.kill()
         if guest is not None:
-            with contextlib.suppress(SandgateError):
-                with stack.gateway.client() as ctl:
-                    counters = ctl.call("remove_guest", guest=guest["guest"]).get("counters", {})
+            with contextlib.suppress(SandgateError), stack.gateway.client() as ctl:
+                counters = ctl.call("remove_guest", guest=guest["guest"]).get("counters", {})
         if box is not None:
             box.destroy()
             cleanup.disown(box.netns)
