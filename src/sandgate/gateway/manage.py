@@ -48,7 +48,7 @@ def start(cfg: GatewayConfig) -> GatewayHandle:
     config_path = directory / "gateway.json"
     config_path.write_text(cfg.dump())
     os.chmod(config_path, 0o600)
-    log_path = directory / "daemon.log"
+    log_path = log_dir() / f"gateway-{cfg.instance}.log"
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandgate.gateway.daemon", str(config_path)],
@@ -79,6 +79,14 @@ def start(cfg: GatewayConfig) -> GatewayHandle:
             f"see {log_path}",
         )
     return GatewayHandle(cfg.instance, proc.pid, cfg.control_path, proc)
+
+
+def log_dir() -> Path:
+    from sandgate.events.store import default_home
+
+    path = default_home() / "logs"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
 
 
 def find(instance: str) -> GatewayHandle | None:

@@ -127,7 +127,7 @@ class Gateway:
         os.chmod(sock_path, 0o600)
         (run_dir / "daemon.pid").write_text(str(os.getpid()))
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         ticker = asyncio.ensure_future(self._ticker())
         self._emit(Event(kind=Kind.NOTICE, details={"gateway": "up", "pid": os.getpid()}))
         sys.stdout.write(
@@ -140,6 +140,10 @@ class Gateway:
             ticker.cancel()
             server.close()
             await self._shutdown()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        sys.stderr.write(f"sandgate gateway {self.cfg.instance}: {sig.name}, stopping\n")
+        self.stop.set()
 
     async def _shutdown(self) -> None:
         for name in list(self.guests):

@@ -118,14 +118,23 @@ class _Builder:
         self.add("counter", name=counter)
         self.add("chain", name=name)
         self.rule(name, {"counter": counter})
+        # inet filter chains refuse (a TCP reset or ICMP administratively prohibited), so a
+        # client fails at once instead of hanging on a timeout; netdev chains can only drop.
+        refuse: Json = {"goto": {"target": "refuse"}} if self.family == "inet" else {"drop": None}
         if verdict == "deny":
             if log:
-                self.rule(name, _limit_over(self.limits), {"drop": None})
-                self.rule(name, _log(prefix, GROUP_DROP), {"drop": None})
+                self.rule(name, _limit_over(self.limits), refuse)
+                self.rule(name, _log(prefix, GROUP_DROP), refuse)
             else:
-                self.rule(name, {"drop": None})
+                self.rule(name, refuse)
         else:
-            self.rule(name, *([_log(prefix, GROUP_ACCEPT)] if log else []), {"accept": None})
+            # Log a flow once: later packets of a not yet answered flow (SYN retransmits) are
+            # still "new" to conntrack; a ct mark bit tells them apart. Counters count them all.
+            if log:
+                self.rule(
+                    name, _match(_ct_mark_bit(), 0), _set_ct_mark_bit(), _log(prefix, GROUP_ACCEPT)
+                )
+            self.rule(name, {"accept": None})
         self.sites[prefix] = Site(
             prefix, guest, verdict, reason, str(rule) if rule else None, counter
         )
@@ -167,6 +176,9 @@ def base_ruleset(
     )
     b.add("map", name="fwd", type="ifname", map="verdict")
     b.add("map", name="in", type="ifname", map="verdict")
+    b.add("chain", name="refuse")
+    b.rule("refuse", _match(_meta("l4proto"), "tcp"), {"reject": {"type": "tcp reset"}})
+    b.rule("refuse", {"reject": {"type": "icmpx", "expr": "admin-prohibited"}})
     b.add("chain", name="forward", type="filter", hook="forward", prio=0, policy="drop")
     b.add("chain", name="input", type="filter", hook="input", prio=0, policy="drop")
     b.add("chain", name="output", type="filter", hook="output", prio=0, policy="accept")
@@ -390,7 +402,12 @@ def guest_uid_log() -> list[Json]:
                 "rule": {
                     **t,
                     "chain": "output",
-                    "expr": [_ct_state("new"), _log("sg:uid", GROUP_GUEST, qthresh=1)],
+                    "expr": [
+                        _ct_state("new"),
+                        _match(_ct_mark_bit(), 0),
+                        _set_ct_mark_bit(),
+                        _log("sg:uid", GROUP_GUEST, qthresh=1),
+                    ],
                 }
             }
         },
@@ -532,6 +549,18 @@ def _ct_state(*states: str) -> Json:
 
 def _log(prefix: str, group: int, qthresh: int = 64) -> Json:
     return {"log": {"prefix": prefix, "group": group, "queue-threshold": qthresh}}
+
+
+LOGGED_BIT = 0x80000000  # ct mark bit: this flow's first packet was logged
+
+
+def _ct_mark_bit() -> Json:
+    return {"&": [{"ct": {"key": "mark"}}, LOGGED_BIT]}
+
+
+def _set_ct_mark_bit() -> Json:
+    mark = {"ct": {"key": "mark"}}
+    return {"mangle": {"key": mark, "value": {"|": [mark, LOGGED_BIT]}}}
 
 
 def _limit(limits: Limits) -> Json:

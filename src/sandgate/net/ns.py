@@ -19,6 +19,7 @@ import ctypes
 import os
 import socket
 import struct
+import subprocess
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -62,12 +63,7 @@ def create(name: str) -> None:
     check_ours(name)
     if exists(name):
         raise NetError(f"namespace {name} already exists", "run `sandgate cleanup`")
-    from pyroute2 import netns as _netns
-
-    try:
-        _netns.create(name)
-    except OSError as exc:
-        raise NetError(f"cannot create namespace {name}: {exc}") from exc
+    _ip_netns("add", name)
 
 
 def remove(name: str) -> None:
@@ -75,12 +71,17 @@ def remove(name: str) -> None:
     check_ours(name)
     if not exists(name):
         return
-    from pyroute2 import netns as _netns
+    _ip_netns("delete", name)
 
-    try:
-        _netns.remove(name)
-    except OSError as exc:
-        raise NetError(f"cannot remove namespace {name}: {exc}") from exc
+
+def _ip_netns(action: str, name: str) -> None:
+    # iproute2 rather than pyroute2's netns helpers: those fork children that, when a send
+    # fails in the child, run on as a copy of the parent and SIGTERM its process group.
+    done = subprocess.run(
+        ["ip", "netns", action, name], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise NetError(f"ip netns {action} {name} failed: {done.stderr.strip()}")
 
 
 def list_ours() -> list[str]:
@@ -184,9 +185,15 @@ def iproute(name: str | None) -> Any:
         ipr = IPRoute()
     else:
         check_ours(name)
-        want = netns_cookie(name)
-        # flags=0: never let pyroute2 create the namespace implicitly.
-        ipr = IPRoute(netns=path(name), flags=0)
+        # Our own socket, made on a thread inside the namespace: pyroute2's netns mode forks.
+        sock = run_in(
+            name, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
+        )
+        want = socket_cookie(sock.fileno())
+        if want == netns_cookie(None) and name != "/proc/1/ns/net":
+            sock.close()
+            raise NetError(f"the socket for {name} landed in our own namespace; refusing to use it")
+        ipr = IPRoute(use_socket=sock)
     try:
         got = socket_cookie(ipr.fileno())
     except OSError as exc:

@@ -9,11 +9,14 @@ Order of judgement (first match wins):
     redirects it before any rule is consulted; names are then judged by the resolver);
  2. an explicit ``deny`` rule (deny wins over every allow);
  3. the guest pool: the own gateway's other ports, and other guests, are closed;
- 4. private and special-purpose addresses, unless an allow rule names that block or a part of it;
+ 4. private and special-purpose addresses, unless an allow rule names that block or a part of it
+    (an IPv4 address only: for IPv6 such a rule meets step 5);
  5. IPv6 that is not IPv4-mapped (the gateway routes IPv4 only);
  6. an allow rule for the address;
  7. QUIC and DNS-over-TLS (they would bypass the proxy and the resolver);
- 8. the name (from DNS, SNI, Host or CONNECT): deny and allow rules by domain pattern;
+ 8. the name (from DNS, SNI, Host or CONNECT): deny and allow rules by domain pattern. A DNS
+    question (a name without address or port) may resolve through any allow rule for the name,
+    whatever ports it names, and is refused only by a deny rule for every port and protocol;
  9. the profile's mode: open allows, locked denies, allowlist allows only addresses its
     allowed names resolved to.
 """
@@ -137,7 +140,7 @@ def decide(profile: Profile, attempt: Attempt) -> Decision:
 
     if attempt.name is not None:
         for rule in profile.allow:
-            if rule.matches_name(attempt.name, attempt.port, attempt.protocol):
+            if _name_matches(rule, attempt, attempt.name, address):
                 return _allow_name(profile, attempt, address, rule)
     return _by_mode(profile, attempt)
 
@@ -150,9 +153,13 @@ def decide_name(profile: Profile, name: str) -> Decision:
 def _rule_matches(rule: Rule, attempt: Attempt, address: IPAddress | None) -> bool:
     if address is not None and rule.matches_address(address, attempt.port, attempt.protocol):
         return True
-    return attempt.name is not None and rule.matches_name(
-        attempt.name, attempt.port, attempt.protocol
-    )
+    return attempt.name is not None and _name_matches(rule, attempt, attempt.name, address)
+
+
+def _name_matches(rule: Rule, attempt: Attempt, name: str, address: IPAddress | None) -> bool:
+    if address is None and attempt.port is None:
+        return rule.matches_lookup(name)  # a DNS question: its protocol is the resolver's
+    return rule.matches_name(name, attempt.port, attempt.protocol)
 
 
 def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> Decision | None:
@@ -167,6 +174,12 @@ def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> De
     if cls.special and not _public_override(profile, address):
         for rule in profile.allow:
             if _exempts(rule, cls, address, port, proto):
+                if address.version == 6:
+                    return deny(
+                        Reason.IPV6,
+                        f"{address}: {rule.ref} names it, but the gateway routes IPv4 only",
+                        classification=cls,
+                    )
                 return allow(
                     Reason.EXEMPT, rule, f"{address} ({cls.cls.label})", classification=cls
                 )

@@ -156,9 +156,20 @@ def parse_policy(text: bytes, source: str) -> Policy:
     try:
         raw = tomllib.loads(text.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise _one(source, f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from exc
+        line_start = text.rfind(b"\n", 0, exc.start) + 1
+        raise PolicyError(
+            [
+                PolicyProblem(
+                    source,
+                    text.count(b"\n", 0, exc.start) + 1,
+                    exc.start - line_start + 1,
+                    f"not UTF-8 text (byte {exc.start})",
+                    "save the file as UTF-8",
+                )
+            ]
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
-        line, col, msg = _toml_position(str(exc))
+        line, col, msg = _toml_position(str(exc), text)
         raise PolicyError(
             [PolicyProblem(source, line, col, f"TOML syntax: {msg}", "fix the syntax at that spot")]
         ) from exc
@@ -169,9 +180,8 @@ def parse_policy(text: bytes, source: str) -> Policy:
     try:
         file = PolicyFile.model_validate(raw)
     except ValidationError as exc:
-        raise PolicyError(
-            [_problem_from_pydantic(err, positions, source) for err in exc.errors()]
-        ) from None
+        found = [_problem_from_pydantic(err, positions, source) for err in exc.errors()]
+        raise PolicyError(sorted(found, key=_in_file_order)) from None
     policy = Policy(file, source, positions)
     problems = []
     for name, spec in file.profiles.items():
@@ -210,9 +220,10 @@ def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list
 
 
 def _same(a: RuleSpec, b: RuleSpec) -> bool:
-    return (a.network, a.pattern, a.ports, a.protocols) == (
+    # Patterns compare by their normal form: "PyPI.org" repeats "pypi.org".
+    return (a.network, str(a.pattern), a.ports, a.protocols) == (
         b.network,
-        b.pattern,
+        str(b.pattern),
         b.ports,
         b.protocols,
     )
@@ -319,11 +330,18 @@ def _world_only_keys(
     return walk(raw, ())
 
 
+# Errors the model raises for the file as a whole, and the key each one is about.
+_MODEL_ERROR_LOC: dict[str, tuple[str, ...]] = {
+    "unknown_default_profile": ("gateway", "default_profile"),
+    "no_profiles": ("profiles",),
+}
+
+
 def _problem_from_pydantic(err: Any, positions: dict[Any, Position], source: str) -> PolicyProblem:
-    loc: tuple[str | int, ...] = tuple(err["loc"])
+    kind = err["type"]
+    loc: tuple[str | int, ...] = tuple(err["loc"]) or _MODEL_ERROR_LOC.get(kind, ())
     pos = find(positions, loc)
     where = ".".join(str(p) for p in loc if not _is_type_tag(p))
-    kind = err["type"]
     if kind == "extra_forbidden":
         key = str(loc[-1])
         known = _known_keys(loc[:-1])
@@ -337,7 +355,12 @@ def _problem_from_pydantic(err: Any, positions: dict[Any, Position], source: str
         return _located(
             source, pos, f"{where} = {err.get('input')!r} is not allowed", f"use one of {expected}"
         )
-    return _located(source, pos, f"{where}: {_clean(err['msg'])}", _fix_for(loc))
+    message = _clean(err["msg"])
+    return _located(source, pos, f"{where}: {message}" if where else message, _fix_for(loc))
+
+
+def _in_file_order(problem: PolicyProblem) -> tuple[int, int]:
+    return (problem.line or 0, problem.column or 0)
 
 
 def _is_type_tag(part: str | int) -> bool:
@@ -366,6 +389,12 @@ def _fix_for(loc: tuple[str | int, ...]) -> str | None:
         return (
             'a rule is { host = "10.77.0.10", port = 8000 } or { cidr = ... } or { domain = ... }'
         )
+    if "secret" in keys:
+        return 'e.g. value = "env:OPENAI_API_KEY" or value = "file:/run/secrets/openai"'
+    if "default_profile" in keys:
+        return "name one of the [profiles.NAME] tables, or drop default_profile"
+    if "profiles" in keys and len(loc) == 1:
+        return 'add a profile, e.g. [profiles.default] with internet = "locked"'
     return None
 
 
@@ -373,11 +402,16 @@ def _clean(msg: str) -> str:
     return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
-def _toml_position(message: str) -> tuple[int | None, int | None, str]:
+def _toml_position(message: str, text: bytes) -> tuple[int | None, int | None, str]:
     match = re.search(r"\(at line (\d+), column (\d+)\)", message)
-    if not match:
-        return None, None, message
-    return int(match[1]), int(match[2]), message[: match.start()].strip()
+    if match:
+        return int(match[1]), int(match[2]), message[: match.start()].strip()
+    end = re.search(r"\(at end of document\)", message)
+    if end:
+        # Something left open (a bracket, a string): point at the last line that says anything.
+        last = len(text.rstrip().splitlines()) or 1
+        return last, None, f"{message[: end.start()].strip()} (the file ends too early)"
+    return None, None, message
 
 
 def _located(

@@ -93,7 +93,9 @@ class _Walker:
 
     def _value(self, node: Node, path: Path) -> None:
         if node.type == "array":
-            for index, item in enumerate(node.named_children):
+            # Comments are named children too; they are not elements and must not shift indexes.
+            items = [c for c in node.named_children if c.type != "comment"]
+            for index, item in enumerate(items):
                 self._mark((*path, index), item)
                 self._value(item, (*path, index))
         elif node.type == "inline_table":

@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
 from sandgate.policy.patterns import DomainPattern, PatternError, parse_pattern
@@ -49,7 +50,7 @@ class RuleSpec(_Strict):
     host: str | None = Field(default=None, description="one IP address (any common spelling)")
     cidr: str | None = Field(default=None, description="a network such as 10.77.0.0/24")
     domain: str | None = Field(default=None, description="a name or *.name pattern")
-    port: int | list[int] | str | None = Field(
+    port: int | list[int | str] | str | None = Field(
         default=None, description="a port, a list of ports, or a range '8000-8100'"
     )
     protocol: Literal["tcp", "udp", "icmp", "any"] | None = None
@@ -70,8 +71,8 @@ class RuleSpec(_Strict):
     @cached_property
     def network(self) -> IPNetwork | None:
         if self.host is not None:
-            return _host_network(self.host)
-        return _cidr_network(self.cidr) if self.cidr is not None else None
+            return _unmapped(_host_network(self.host))
+        return _unmapped(_cidr_network(self.cidr)) if self.cidr is not None else None
 
     @cached_property
     def pattern(self) -> DomainPattern | None:
@@ -116,10 +117,20 @@ class RuleSpec(_Strict):
                 raise ValueError(str(exc)) from exc
         return v
 
-    @field_validator("port")
+    @field_validator("port", mode="before")
     @classmethod
-    def _check_port(cls, v: int | list[int] | str | None) -> int | list[int] | str | None:
-        _port_ranges(v)
+    def _check_port(cls, v: object) -> object:
+        # Before pydantic's own coercion, which would read `true` as port 1 and report one
+        # wrong value three times (once per member of the union).
+        items = v if isinstance(v, list) else [v]
+        if v is not None and not all(
+            isinstance(i, int | str) and not isinstance(i, bool) for i in items
+        ):
+            raise ValueError(
+                f"port {v!r} must be a number from 1 to 65535, a list of them, "
+                "or a range like '8000-8100'"
+            )
+        _port_ranges(v)  # type: ignore[arg-type]
         return v
 
     def target_text(self) -> str:
@@ -151,6 +162,18 @@ def _host_network(text: str) -> IPNetwork:
     return ipaddress.ip_network(host.address)
 
 
+def _unmapped(net: IPNetwork) -> IPNetwork:
+    """An IPv4-mapped IPv6 host or network as the IPv4 it stands for.
+
+    ``decide()`` judges ``::ffff:a.b.c.d`` as ``a.b.c.d`` and the ruleset holds IPv4 only, so
+    a rule written in the mapped form must be that IPv4 rule, not a rule that never matches.
+    """
+    mapped = net.network_address.ipv4_mapped if isinstance(net, ipaddress.IPv6Network) else None
+    if mapped is None or net.prefixlen < 96:
+        return net
+    return ipaddress.IPv4Network((mapped, net.prefixlen - 96))
+
+
 def _cidr_network(text: str) -> IPNetwork:
     try:
         return ipaddress.ip_network(text.strip(), strict=True)
@@ -164,7 +187,7 @@ def _cidr_network(text: str) -> IPNetwork:
         raise ValueError(f"{text!r} has host bits set; did you mean {loose}?") from exc
 
 
-def _port_ranges(spec: int | list[int] | str | None) -> tuple[tuple[int, int], ...]:
+def _port_ranges(spec: int | list[int | str] | str | None) -> tuple[tuple[int, int], ...]:
     if spec is None:
         return ()
     items: list[int | str] = list(spec) if isinstance(spec, list) else [spec]
@@ -274,12 +297,17 @@ class PolicyFile(_Strict):
 
     @model_validator(mode="after")
     def _default_profile_exists(self) -> PolicyFile:
+        # Custom error types, so the loader can point at the key they are about (a model-level
+        # error has no location of its own).
+        if not self.profiles:
+            raise PydanticCustomError(
+                "no_profiles", "a policy needs at least one profile, e.g. [profiles.default]"
+            )
         default = self.gateway.default_profile
         if default is not None and default not in self.profiles:
-            raise ValueError(
-                f"default_profile {default!r} is not a profile here; "
-                f"choose one of {', '.join(sorted(self.profiles))}"
+            raise PydanticCustomError(
+                "unknown_default_profile",
+                "{default} is not a profile here; choose one of {choices}",
+                {"default": repr(default), "choices": ", ".join(sorted(self.profiles))},
             )
-        if not self.profiles:
-            raise ValueError("a policy needs at least one profile, e.g. [profiles.default]")
         return self

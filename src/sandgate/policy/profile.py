@@ -12,7 +12,15 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sandgate.policy.model import IPAddress, IPNetwork, Mode, Protocol, RuleSpec, SecretSpec
+from sandgate.policy.model import (
+    ALL_PROTOCOLS,
+    IPAddress,
+    IPNetwork,
+    Mode,
+    Protocol,
+    RuleSpec,
+    SecretSpec,
+)
 from sandgate.policy.patterns import DomainPattern, parse_pattern
 
 Action = Literal["allow", "deny"]
@@ -52,6 +60,20 @@ class Rule:
     def matches_name(self, name: str, port: int | None, protocol: Protocol) -> bool:
         pattern = self.spec.pattern
         return pattern is not None and pattern.matches(name) and self._port_ok(port, protocol)
+
+    def matches_lookup(self, name: str) -> bool:
+        """Does this rule speak to a DNS question for ``name`` (no port or protocol yet)?
+
+        An allow rule lets the name resolve whatever ports and protocol it is scoped to: the
+        connection is judged again with its own. A deny rule refuses the lookup only when it
+        denies the name whole (every port and protocol): ``{ domain = "github.com", port = 22 }``
+        must not stop HTTPS to github.com from resolving.
+        """
+        pattern = self.spec.pattern
+        if pattern is None or not pattern.matches(name):
+            return False
+        whole = not self.spec.ports and self.spec.protocols == ALL_PROTOCOLS
+        return self.action == "allow" or whole
 
 
 @dataclass(frozen=True)
