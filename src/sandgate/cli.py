@@ -84,6 +84,9 @@ def run(
     ] = None,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no report")] = False,
+    instance: Annotated[
+        str | None, typer.Option("--instance", help="use this running gateway")
+    ] = None,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
     from sandgate.report.render import print_report
@@ -110,6 +113,7 @@ def run(
         timeout=timeout,
         uid=uid,
         env=extra_env,
+        instance=instance,
     )
     try:
         result = run_session(opts)

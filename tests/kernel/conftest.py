@@ -28,8 +28,11 @@ def leftovers() -> list[str]:
     """Every sg-*/sandgate* object in the root namespace and every sg-* namespace."""
     found: list[str] = []
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    found += [f"netns {line.split()[0]}" for line in ns.stdout.splitlines()
-              if line.startswith(("sg-", "sandgate"))]
+    found += [
+        f"netns {line.split()[0]}"
+        for line in ns.stdout.splitlines()
+        if line.startswith(("sg-", "sandgate"))
+    ]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False)
     for line in links.stdout.splitlines():
         name = line.split(": ")[1].split("@")[0]
@@ -95,8 +98,11 @@ def sandbox(stack: Stack, store_path: Path) -> Runner:
 
 
 def conns(events: list[Event], dst: str, port: int | None = None) -> list[Event]:
-    return [e for e in events if e.kind is Kind.CONN and e.dst == dst
-            and (port is None or e.port == port)]
+    return [
+        e
+        for e in events
+        if e.kind is Kind.CONN and e.dst == dst and (port is None or e.port == port)
+    ]
 
 
 def dns(events: list[Event], name: str) -> list[Event]:

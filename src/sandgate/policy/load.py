@@ -278,8 +278,8 @@ def parse_rule_text(text: str) -> RuleSpec:
             fields["port"] = fields["port"][0]
     if "/" in rest:
         fields["cidr"] = rest
-    elif rest.startswith("*."):
-        fields["domain"] = rest
+    elif "*" in rest:
+        fields["domain"] = rest  # a pattern, right or wrong: parse_pattern says how to write it
     else:
         try:
             parsed = parse_host(rest)

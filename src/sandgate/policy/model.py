@@ -153,6 +153,8 @@ class RuleSpec(_Strict):
 
 
 def _host_network(text: str) -> IPNetwork:
+    if "/" in text:
+        raise ValueError(f'{text!r} is a network, not one address; write cidr = "{text.strip()}"')
     try:
         host = parse_host(text)
     except HostParseError as exc:

@@ -35,11 +35,13 @@ TOOLS = {"bwrap": "bubblewrap", "setpriv": "util-linux", "nsenter": "util-linux"
 
 def preflight() -> None:
     """Say plainly what is missing, before anything is created."""
-    if os.geteuid() != 0:
+    missing_caps = [name for bit, name in ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN"))
+                    if not _has_capability(bit)]
+    if missing_caps:
         raise SetupError(
-            "sandgate needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces, "
-            "links and nftables rules",
-            "run it with sudo",
+            f"sandgate needs root ({' and '.join(missing_caps)} missing) to create network "
+            "namespaces, links and nftables rules",
+            "run it as root, e.g. with sudo",
         )
     missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
     if missing:
@@ -47,6 +49,16 @@ def preflight() -> None:
             f"missing tools: {', '.join(t for t, p in TOOLS.items() if p in missing)}",
             f"apt-get install {' '.join(missing)}",
         )
+
+
+def _has_capability(bit: int) -> bool:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    except OSError:
+        pass
+    return os.geteuid() == 0
 
 
 @dataclass

@@ -100,6 +100,8 @@ def stack_for(
             )
         yield running
         return
+    if instance is not None:
+        raise SandgateError(f"no gateway '{instance}' is running", "start it with `sandgate up`")
     stack = bring_up(world=world == "test", store=store)
     try:
         yield stack
