@@ -568,7 +568,12 @@ RULE_TEXTS = [
     ("[::ffff:10.77.0.10]:8000", ("host", "10.77.0.10/32"), ((8000, 8000),), {TCP}),
     ("api.example.com:80,443", ("domain", "api.example.com"), ((80, 80), (443, 443)), {TCP}),
     ("api.example.com:8000-8100", ("domain", "api.example.com"), ((8000, 8100),), {TCP}),
-    ("api.example.com:80,8000-8100", ("domain", "api.example.com"), ((80, 80), (8000, 8100)), {TCP}),
+    (
+        "api.example.com:80,8000-8100",
+        ("domain", "api.example.com"),
+        ((80, 80), (8000, 8100)),
+        {TCP},
+    ),
     ("10.0.0.1:53/any", ("host", "10.0.0.1/32"), ((53, 53),), {TCP, UDP}),
     ("10.0.0.1/icmp", ("host", "10.0.0.1/32"), (), {ICMP}),
 ]
@@ -627,7 +632,10 @@ internet = "locked"
 def test_profile_overrides_mode_and_adds_rules_with_cli_refs() -> None:
     policy = parse_policy(CODER.encode(), "policy.toml")
     profile = policy.profile(
-        "coder", mode=Mode.ALLOWLIST, extra_allow=["pypi.org", "10.0.0.5:22"], extra_deny=["*.pypi.org"]
+        "coder",
+        mode=Mode.ALLOWLIST,
+        extra_allow=["pypi.org", "10.0.0.5:22"],
+        extra_deny=["*.pypi.org"],
     )
     assert profile.mode is Mode.ALLOWLIST
     assert [str(r) for r in profile.allow] == [
@@ -683,7 +691,9 @@ def test_profile_without_default_needs_a_name() -> None:
         ),
     ],
 )
-def test_profile_override_problems(kw: dict[str, list[str]], wanted: list[tuple[str, int | None, str]]) -> None:
+def test_profile_override_problems(
+    kw: dict[str, list[str]], wanted: list[tuple[str, int | None, str]]
+) -> None:
     policy = parse_policy(CODER.encode(), "policy.toml")
     with pytest.raises(PolicyError) as caught:
         policy.profile("coder", **kw)  # type: ignore[arg-type]

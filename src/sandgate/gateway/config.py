@@ -23,18 +23,17 @@ class Uplink:
     kind "netns": a veth whose far end goes into namespace ``peer_netns`` (the test world's
     LAN), enslaved to ``peer_master`` there; the gateway takes ``address`` and routes via
     ``via``.
-    kind "host": a veth to the host namespace named ``host_ifname`` (an ``sg-…`` name), with
-    a /30 from ``subnet``; the host masquerades it out through its own default route.
+    kind "pasta": the real uplink of this host, through pasta (package passt), which gives the
+    gateway a tap device and carries its traffic out as ordinary sockets of the host. Nothing
+    in the host's namespace changes: no route, no sysctl, no firewall rule, no link.
     """
 
-    kind: Literal["netns", "host"]
+    kind: Literal["netns", "pasta"]
     address: str = ""  # CIDR, e.g. "10.77.0.2/24"
     via: str = ""  # next hop
     peer_netns: str = ""
     peer_ifname: str = ""
     peer_master: str = ""
-    host_ifname: str = ""
-    subnet: str = ""
     ifname: str = "up0"  # the uplink's name inside the gateway
 
 

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sandgate.errors import NetError, SetupError
+from sandgate.errors import NetError
 from sandgate.gateway.config import Uplink
 from sandgate.net import ns
 from sandgate.net.compile import GuestLink
@@ -100,8 +100,8 @@ class Plumber:
     def make_uplink(self, up: Uplink) -> None:
         if up.kind == "netns":
             self._uplink_netns(up)
-        elif up.kind == "host":
-            self._uplink_host(up)
+        elif up.kind == "pasta":
+            pass  # pasta, started from the host side, brings its own tap device (manage.py)
         else:  # pragma: no cover - config is validated by its type
             raise NetError(f"unknown uplink kind {up.kind!r}")
 
@@ -129,35 +129,6 @@ class Plumber:
             peer.close()
         self._address_up(up.ifname, up.address)
         self.ipr.route("add", dst="default", gateway=up.via)
-
-    def _uplink_host(self, up: Uplink) -> None:
-        ns.check_ours(up.host_ifname)
-        subnet = ipaddress.IPv4Network(up.subnet)
-        host_addr, gw_addr = list(subnet.hosts())[:2]
-        if _read_host_sysctl("net/ipv4/ip_forward") != "1":
-            raise SetupError(
-                "the host does not forward IPv4, so a gateway on the real uplink cannot reach out",
-                "enable it yourself (sysctl -w net.ipv4.ip_forward=1); sandgate does not change "
-                "host-wide settings",
-            )
-        fd = os.open("/proc/1/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            self.ipr.link(
-                "add",
-                ifname=up.ifname,
-                kind="veth",
-                peer={"ifname": up.host_ifname, "net_ns_fd": fd},
-            )
-        finally:
-            os.close(fd)
-        self.link_sysctls(up.ifname)
-        host = HostLinks()
-        try:
-            host.configure(up.host_ifname, f"{host_addr}/{subnet.prefixlen}")
-        finally:
-            host.close()
-        self._address_up(up.ifname, f"{gw_addr}/{subnet.prefixlen}")
-        self.ipr.route("add", dst="default", gateway=str(host_addr))
 
     # -- guests -------------------------------------------------------------------------------
 
@@ -208,39 +179,3 @@ class Plumber:
         idx = self._index(ifname)
         self.ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
         self.ipr.link("set", index=idx, state="up")
-
-
-class HostLinks:
-    """The host (root) namespace: only our own ``sg-…`` links, and our own ``sandgate`` table."""
-
-    def __init__(self) -> None:
-        self._worker = ns.NsThread("/proc/1/ns/net")
-
-    def configure(self, ifname: str, cidr: str) -> None:
-        ns.check_ours(ifname)
-        iface = ipaddress.IPv4Interface(cidr)
-
-        def work() -> None:
-            from pyroute2 import IPRoute
-
-            ns.write_sysctls(
-                {
-                    f"net.ipv6.conf.{ifname}.disable_ipv6": "1",
-                    f"net.ipv4.conf.{ifname}.arp_ignore": "1",
-                    f"net.ipv4.conf.{ifname}.rp_filter": "1",
-                }
-            )
-            with IPRoute() as ipr:
-                idx = ipr.link_lookup(ifname=ifname)[0]
-                ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
-                ipr.link("set", index=idx, state="up")
-
-        self._worker.call(work)
-
-    def close(self) -> None:
-        self._worker.close()
-
-
-def _read_host_sysctl(key: str) -> str:
-    with ns.NsThread("/proc/1/ns/net") as w:
-        return w.call(lambda: open(f"/proc/sys/{key}").read().strip())

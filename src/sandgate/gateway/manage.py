@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandgate.errors import GatewayError
+from sandgate.errors import GatewayError, SetupError
 from sandgate.gateway.config import GatewayConfig, netns_of, pid_path, run_dir
 from sandgate.gateway.control import ControlClient
 
@@ -25,6 +26,7 @@ class GatewayHandle:
     pid: int
     control: Path
     proc: subprocess.Popen[bytes] | None = None  # set when we started it
+    pasta: subprocess.Popen[bytes] | None = None  # the real uplink, when we started one
 
     @property
     def netns(self) -> str:
@@ -78,7 +80,88 @@ def start(cfg: GatewayConfig) -> GatewayHandle:
             "the gateway daemon did not start" + (f":\n{tail}" if tail else ""),
             f"see {log_path}",
         )
-    return GatewayHandle(cfg.instance, proc.pid, cfg.control_path, proc)
+    handle = GatewayHandle(cfg.instance, proc.pid, cfg.control_path, proc)
+    if cfg.uplink.kind == "pasta":
+        try:
+            handle.pasta = start_pasta(handle.pid, cfg.uplink.ifname, log_path)
+        except BaseException:
+            stop(handle)
+            raise
+    return handle
+
+
+PASTA_READY_TIMEOUT = 10.0
+
+
+def start_pasta(pid: int, ifname: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """Give the gateway its real uplink: pasta's tap device, configured like the host's.
+
+    pasta runs in the host's namespace and forwards the gateway's traffic as the host's own
+    sockets. Inbound port forwarding is off (-t/-u/-T/-U none), and --no-map-gw keeps the
+    gateway from reaching the host itself through pasta's gateway address.
+    """
+    if shutil.which("pasta") is None:
+        raise SetupError("pasta is missing (the real uplink needs it)", "apt-get install passt")
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    nsfd = os.open(netns_of(pid), os.O_RDONLY)
+    proc = subprocess.Popen(
+        [
+            "pasta",
+            "--foreground",
+            "--quiet",
+            "--config-net",
+            "--ipv4-only",
+            "--no-map-gw",
+            "--no-dhcp",
+            "--no-ndp",
+            "--no-dhcpv6",
+            "--no-ra",
+            "--runas",
+            "0",
+            "-t",
+            "none",
+            "-u",
+            "none",
+            "-T",
+            "none",
+            "-U",
+            "none",
+            "--ns-ifname",
+            ifname,
+            # The gateway's namespace has no path of its own; hand pasta an open descriptor
+            # (pasta drops the capability it would need to open another process's).
+            "--netns",
+            f"/proc/self/fd/{nsfd}",
+        ],
+        pass_fds=(nsfd,),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    log.close()
+    os.close(nsfd)
+    deadline = time.monotonic() + PASTA_READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise GatewayError(
+                f"pasta exited ({proc.returncode}) before the uplink came up", f"see {log_path}"
+            )
+        if _has_default_route(pid):
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise GatewayError("pasta did not bring the uplink up in time", f"see {log_path}")
+
+
+def _has_default_route(pid: int) -> bool:
+    from sandgate.net import ns
+
+    ipr = ns.iproute(netns_of(pid))
+    try:
+        return bool(ipr.get_default_routes(family=2))
+    finally:
+        ipr.close()
 
 
 def log_dir() -> Path:
@@ -110,13 +193,22 @@ def stop(handle: GatewayHandle, timeout: float = 10.0) -> None:
     """Ask the daemon to stop; SIGTERM, then SIGKILL, by its pid, if it does not."""
     with contextlib.suppress(GatewayError), handle.client(timeout=timeout) as c:
         c.call("shutdown")
-    if _wait_gone(handle, timeout):
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(handle.pid, sig)
-        if _wait_gone(handle, 3.0):
+    try:
+        if _wait_gone(handle, timeout):
             return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, sig)
+            if _wait_gone(handle, 3.0):
+                return
+    finally:
+        if handle.pasta is not None and handle.pasta.poll() is None:
+            handle.pasta.terminate()
+            try:
+                handle.pasta.wait(3)
+            except subprocess.TimeoutExpired:
+                handle.pasta.kill()
+                handle.pasta.wait()
 
 
 def _wait_gone(handle: GatewayHandle, timeout: float) -> bool:

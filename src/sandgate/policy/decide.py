@@ -142,7 +142,7 @@ def decide(profile: Profile, attempt: Attempt) -> Decision:
         for rule in profile.allow:
             if _name_matches(rule, attempt, attempt.name, address):
                 return _allow_name(profile, attempt, address, rule)
-    return _by_mode(profile, attempt)
+    return _by_mode(profile, attempt, address)
 
 
 def decide_name(profile: Profile, name: str) -> Decision:
@@ -213,8 +213,8 @@ def _allow_name(
     )
 
 
-def _by_mode(profile: Profile, attempt: Attempt) -> Decision:
-    target = attempt.name or str(attempt.address)
+def _by_mode(profile: Profile, attempt: Attempt, address: IPAddress | None) -> Decision:
+    target = attempt.name or str(address)  # the address judged: ::ffff:a.b.c.d is a.b.c.d
     if profile.mode is Mode.OPEN:
         return allow(Reason.OPEN, detail=target)
     if profile.mode is Mode.LOCKED:

@@ -124,7 +124,7 @@ def gateway_config(
     spec = load_policy(None).file.gateway
     return GatewayConfig(
         instance=instance,
-        uplink=Uplink(kind="host", host_ifname=f"sg-{instance}-up", subnet=spec.uplink_subnet),
+        uplink=Uplink(kind="pasta"),
         upstream_dns=tuple(spec.upstream_dns) or host_resolvers(),
         store=store or "",
         **extra,
