@@ -350,30 +350,41 @@ def test_public_override(
     assert got == expected
 
 
+def rules_profile(mode: Mode, allow: list[str], deny: list[str]) -> Profile:
+    """A profile from --allow/--deny texts, built by hand (load would refuse dead rules)."""
+    return Profile(
+        "p",
+        mode,
+        allow=tuple(
+            Rule("allow", parse_rule_text(t), f"--allow[{i}]") for i, t in enumerate(allow)
+        ),
+        deny=tuple(Rule("deny", parse_rule_text(t), f"--deny[{i}]") for i, t in enumerate(deny)),
+    )
+
+
 @pytest.mark.parametrize(
-    ("deny_text", "name", "locked"),
+    ("allow", "deny", "name", "expected"),
     [
-        # A deny rule refuses a lookup only when it denies the name on every port and protocol.
-        ("github.com", "github.com", "deny.rule --deny[0]"),
-        ("*.example.org", "a.example.org", "deny.rule --deny[0]"),
-        ("github.com:22", "github.com", "allow.rule --allow[0]"),
-        ("github.com:22/any", "github.com", "allow.rule --allow[0]"),
-        ("github.com/udp", "github.com", "allow.rule --allow[0]"),
+        # An allow rule lets its name resolve whatever ports or protocol it is scoped to ...
+        ("pypi.org:443", "", "pypi.org", "allow.rule --allow[0]"),
+        ("pypi.org:443/udp", "", "pypi.org", "allow.rule --allow[0]"),
+        ("*.github.com/tcp", "", "api.github.com", "allow.rule --allow[0]"),
+        ("pypi.org:443", "", "files.pypi.org", "deny.not_allowlisted"),
+        # ... and a deny rule refuses a lookup only when it denies the name on every port and
+        # protocol: "no ssh to github.com" must not make github.com unresolvable.
+        ("github.com:443", "github.com", "github.com", "deny.rule --deny[0]"),
+        ("github.com:443", "github.com:22", "github.com", "allow.rule --allow[0]"),
+        ("github.com:443", "github.com:22/any", "github.com", "allow.rule --allow[0]"),
+        ("github.com:443", "github.com/udp", "github.com", "allow.rule --allow[0]"),
     ],
 )
-def test_lookups_and_scoped_deny_rules(deny_text: str, name: str, locked: str) -> None:
-    allow_text = "*.example.org:443" if name.endswith("example.org") else "github.com:443"
-    policy = parse_policy(b"[profiles.p]\n", "p.toml")
-    try:
-        profile = policy.profile(mode=Mode.LOCKED, extra_allow=[allow_text], extra_deny=[deny_text])
-    except Exception:  # a deny that kills the allow is refused at load; build it by hand
-        profile = Profile(
-            "p",
-            Mode.LOCKED,
-            allow=(Rule("allow", parse_rule_text(allow_text), "--allow[0]"),),
-            deny=(Rule("deny", parse_rule_text(deny_text), "--deny[0]"),),
-        )
-    assert outcome(decide_name(profile, name)) == locked
+def test_lookups_in_allowlist_mode(allow: str, deny: str, name: str, expected: str) -> None:
+    profile = rules_profile(Mode.ALLOWLIST, [allow], [deny] if deny else [])
+    assert outcome(decide_name(profile, name)) == expected
+    # The connection is judged again with its port.
+    if expected.startswith("allow") and ":443" in allow and "/udp" not in allow:
+        conn = decide(profile, att(TCP, "140.82.112.4", 22, name))
+        assert not conn.allowed
 
 
 def test_decision_builders_and_keys() -> None:
