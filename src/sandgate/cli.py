@@ -192,6 +192,7 @@ def log(
     ] = None,
     json_out: JsonOpt = False,
     limit: Annotated[int | None, typer.Option("--limit", help="at most this many events")] = None,
+    sessions: Annotated[bool, typer.Option("--sessions", help="list the sessions instead")] = False,
 ) -> None:
     """Every attempt of a session (or of everything), from the event store."""
     from sandgate.events.schema import Kind
@@ -205,6 +206,20 @@ def log(
             f"choose among {', '.join(k.value for k in Kind)}", param_hint="--kind"
         ) from None
     store = Store()
+    if sessions:
+        rows = store.sessions(limit or 50)
+        store.close()
+        for s in rows:
+            if json_out:
+                print(json.dumps(s.__dict__))
+            else:
+                out.print(
+                    f"{s.id}  {s.mode or '-':9} {s.profile or '-':12} exit "
+                    f"{s.exit_code if s.exit_code is not None else '-':>3}  "
+                    f"{' '.join(s.command)[:60]}",
+                    highlight=False,
+                )
+        return
     try:
         sid = None
         if session is not None:

@@ -35,8 +35,11 @@ TOOLS = {"bwrap": "bubblewrap", "setpriv": "util-linux", "nsenter": "util-linux"
 
 def preflight() -> None:
     """Say plainly what is missing, before anything is created."""
-    missing_caps = [name for bit, name in ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN"))
-                    if not _has_capability(bit)]
+    missing_caps = [
+        name
+        for bit, name in ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN"))
+        if not _has_capability(bit)
+    ]
     if missing_caps:
         raise SetupError(
             f"sandgate needs root ({' and '.join(missing_caps)} missing) to create network "
@@ -49,6 +52,24 @@ def preflight() -> None:
             f"missing tools: {', '.join(t for t, p in TOOLS.items() if p in missing)}",
             f"apt-get install {' '.join(missing)}",
         )
+
+
+def _usable_by(uid: int, directory: Path) -> bool:
+    """Can ``uid`` enter and write ``directory``? Asked as that uid, not computed from modes."""
+    probe = [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--",
+        "test",
+        "-x",
+        str(directory),
+        "-a",
+        "-w",
+        str(directory),
+    ]
+    return subprocess.run(probe, check=False, capture_output=True).returncode == 0
 
 
 def _has_capability(bit: int) -> bool:
@@ -93,6 +114,11 @@ class Sandbox:
                 box.workdir, box.own_workdir = workdir.resolve(), False
                 if not box.workdir.is_dir():
                     raise SandboxError(f"work dir {workdir} does not exist")
+                if not _usable_by(uid, box.workdir):
+                    raise SandboxError(
+                        f"the sandbox's uid {uid} cannot write to {box.workdir} (or reach it)",
+                        f"chown {uid} {box.workdir}, or choose a directory it can reach",
+                    )
             ns.create(box.netns)
         except BaseException:
             box.destroy(keep_files=False)

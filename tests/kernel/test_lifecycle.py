@@ -1,0 +1,108 @@
+"""Lifecycle from the outside: a dead gateway closes everything; signals tear everything down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sandgate.session.runner import RunOptions, run_in
+from sandgate.session.stack import Stack, bring_up
+
+from .conftest import Runner, conns, dns, leftovers
+
+pytestmark = pytest.mark.kernel
+
+SANDGATE = "/opt/sandgate/venv/bin/sandgate"
+
+
+def test_killed_gateway_leaves_guests_no_way_out(tmp_path: Path) -> None:
+    """SIGKILL the daemon mid-session: the guest's link vanishes with the gateway's namespace."""
+    stack = bring_up(world=True, store=str(tmp_path / "events.db"))
+    try:
+        work = Path(tempfile.mkdtemp(prefix="sg-test-"))
+        work.chmod(0o777)
+        script = (
+            "for i in $(seq 1 40); do "
+            "if curl -s -m 1 -o /dev/null http://198.51.100.10/; then echo ok; else echo fail; fi; "
+            "sleep 0.1; done > /work/log.txt; ip -o link > /work/links.txt"
+        )
+        result = {}
+
+        def session() -> None:
+            result["r"] = run_in(
+                stack,
+                RunOptions(
+                    command=["sh", "-c", script],
+                    world="test",
+                    mode="open",
+                    workdir=work,
+                    timeout=60,
+                    store=str(tmp_path / "events.db"),
+                ),
+            )
+
+        t = threading.Thread(target=session)
+        t.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            log = work / "log.txt"
+            if log.exists() and log.read_text().count("ok") >= 3:
+                break
+            time.sleep(0.05)
+        os.kill(stack.gateway.pid, signal.SIGKILL)
+        killed_at = len((work / "log.txt").read_text().split())
+        t.join(90)
+        lines = (work / "log.txt").read_text().split()
+        assert "ok" in lines[:killed_at]
+        # At most the request in flight at the moment of the kill may have finished.
+        assert "ok" not in lines[killed_at + 1 :], lines
+        assert "eth0" not in (work / "links.txt").read_text()  # its only link is gone
+        assert "gateway died" in (result["r"].message or "")
+    finally:
+        stack.teardown()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def test_sigterm_to_run_tears_everything_down(stack: Stack, store_path: Path) -> None:
+    before = leftovers()
+    proc = subprocess.Popen(
+        [SANDGATE, "run", "--world", "test", "--instance", stack.instance, "--", "sleep", "60"],
+        env={**os.environ, "SANDGATE_HOME": str(store_path.parent)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(leftovers()) == len(before):
+        time.sleep(0.1)
+    assert len(leftovers()) > len(before), "the sandbox never came up"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert "stopped by signal SIGTERM" in err
+    assert leftovers() == before
+    assert not subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, check=False).stdout
+
+
+def test_adhoc_allow_and_deny_rules(sandbox: Runner) -> None:
+    r = sandbox.sh(
+        "curl -sS -m 3 -o /dev/null https://example.com/ && echo fetched; "
+        "curl -sS -m 3 -o /dev/null https://www.example.com/ || echo refused",
+        mode="allowlist",
+        allow=["example.com", "*.example.com"],
+        deny=["www.example.com"],
+    )
+    events = sandbox.events(r)
+    assert dns(events, "example.com")[0].rule == "--allow[0] (example.com)"
+    assert conns(events, "203.0.113.10", 443)[0].verdict == "allow"
+    denied = [e for e in dns(events, "www.example.com") if e.details.get("qtype") == "A"]
+    assert denied and denied[0].reason == "deny.rule"
+    assert denied[0].rule == "--deny[0] (www.example.com)"
