@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 
-def _objects() -> set[str]:
+def sandgate_objects() -> set[str]:
     if os.geteuid() != 0:
         return set()
     found: set[str] = set()
@@ -31,7 +31,7 @@ def _objects() -> set[str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind() -> Iterator[None]:
-    before = _objects()
+    before = sandgate_objects()
     yield
-    left = _objects() - before
+    left = sandgate_objects() - before
     assert not left, f"the test suite left these behind: {sorted(left)}"

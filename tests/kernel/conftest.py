@@ -7,7 +7,6 @@ store the gateway wrote. At the end, nothing named sg-*/sandgate* may be left on
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store
 from sandgate.session.runner import RunOptions, RunResult, run_in
 from sandgate.session.stack import Stack, bring_up
+from tests.conftest import sandgate_objects
 
 pytestmark = pytest.mark.kernel
 
@@ -25,22 +25,8 @@ ROOT = os.geteuid() == 0
 
 
 def leftovers() -> list[str]:
-    """Every sg-*/sandgate* object in the root namespace and every sg-* namespace."""
-    found: list[str] = []
-    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    found += [
-        f"netns {line.split()[0]}"
-        for line in ns.stdout.splitlines()
-        if line.startswith(("sg-", "sandgate"))
-    ]
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False)
-    for line in links.stdout.splitlines():
-        name = line.split(": ")[1].split("@")[0]
-        if name.startswith(("sg-", "sandgate")):
-            found.append(f"link {name}")
-    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=False)
-    found += [f"table {t}" for t in tables.stdout.splitlines() if " sandgate" in t or " sg-" in t]
-    return found
+    """Every sg-*/sandgate* object: namespaces, and links and tables in the root namespace."""
+    return sorted(sandgate_objects())
 
 
 @pytest.fixture(scope="session")

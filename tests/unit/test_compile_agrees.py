@@ -498,10 +498,28 @@ def test_ruleset_agrees_with_decide_on_random_profiles(case: tuple[Profile, list
         compiled.check(pkt)
 
 
+RULE_V6 = sorted(
+    {
+        r.spec.network.network_address
+        for profile in NAMED_PROFILES.values()
+        for r in profile.rules()
+        if r.spec.network is not None and r.spec.network.version == 6
+    }
+)
+v6_addresses = st.one_of(
+    st.ip_addresses(v=6),
+    st.sampled_from(RULE_V6),  # an IPv6 allow rule must not open what the kernel drops
+    st.sampled_from([b.network.network_address for b in BLOCKS if b.network.version == 6]),
+    st.sampled_from([a for n in BLOCK_NETS for a in edges(n)]).map(
+        lambda a: IPv6Address(f"::ffff:{a}")
+    ),
+)
+
+
 @settings(max_examples=300)
 @given(
     st.sampled_from(list(NAMED_PROFILES.values())),
-    st.ip_addresses(v=6),
+    v6_addresses,
     st.sampled_from(list(Protocol)),
     st.integers(1, 65535),
 )
