@@ -354,18 +354,26 @@ class Gateway:
             return None
         port = dport if protocol is not Protocol.ICMP else None
         d = decide(guest.profile, Attempt(protocol, address, port))
-        return Event(
+        base = Event(
             kind=Kind.CONN,
             session=guest.session,
             guest=name,
-            verdict=d.verdict.value,
-            rule=d.rule_ref,
-            reason=d.key,
             src=str(guest.link.guest),
             dst=dst,
             port=port,
             protocol=proto,
-            category=None,
+        )
+        if d.allowed:
+            # Every accepted flow is logged at the gateway; an allowed flow it never logged never
+            # reached it (dropped at the link, or failed inside the guest). Claim nothing.
+            return dataclasses.replace(
+                base, reason="unseen", details={"inferred": True, "sport": sport, "would_be": d.key}
+            )
+        return dataclasses.replace(
+            base,
+            verdict=d.verdict.value,
+            rule=d.rule_ref,
+            reason=d.key,
             details={"inferred": True, "sport": sport},
         )
 

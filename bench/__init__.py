@@ -1,0 +1,1 @@
+"""sandgate's benchmarks: ``bench/run foundation [--json] [--quick] [--only PART]``."""

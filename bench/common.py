@@ -1,0 +1,284 @@
+"""What every benchmark here shares: statistics, CPU accounting, processes, namespaces of our own.
+
+Network safety: every namespace made here is named ``sg-<instance>-<role>`` after the bench's
+own stack (instance ``b…``), so ``sandgate cleanup`` treats it as owned while the bench runs
+and removes it after a crash; every link is created inside such a namespace (never in the
+host's); every process is started by us, killed by its pid, and gets SIGKILL if we die.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandgate.net import ns
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr: stdout carries the table (or the JSON object)."""
+    sys.stderr.write(f"[bench] {msg}\n")
+    sys.stderr.flush()
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """The p-th percentile (0..100), linear between closest ranks."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summary_ms(values: Sequence[float]) -> dict[str, float]:
+    """Seconds in, milliseconds out: median and p90."""
+    return {"median_ms": median(values) * 1e3, "p90_ms": pct(values, 90) * 1e3}
+
+
+# -- CPU ----------------------------------------------------------------------------------------
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a live process has used; 0 if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = raw.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def system_cpu() -> tuple[float, float, float]:
+    """(busy, softirq, total) jiffies over all CPUs since boot."""
+    parts = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    v = [int(x) for x in parts]
+    user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
+    total = user + nice + system + idle + iowait + irq + softirq + steal
+    return float(total - idle - iowait), float(softirq), float(total)
+
+
+@dataclass
+class Sample:
+    t: float
+    busy: float
+    softirq: float
+    total: float
+    procs: dict[str, float]
+
+
+@dataclass
+class Sampler:
+    """Samples system and per-process CPU every ``interval`` s, so any window can be judged."""
+
+    pids: dict[str, int] = field(default_factory=dict)
+    interval: float = 0.05
+    samples: list[Sample] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _take(self) -> None:
+        busy, softirq, total = system_cpu()
+        procs = {name: proc_cpu(pid) for name, pid in self.pids.items()}
+        self.samples.append(Sample(time.time(), busy, softirq, total, procs))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._take()
+
+    def __enter__(self) -> Sampler:
+        self._take()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cpu-sampler")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._take()
+
+    def window(self, start: float, end: float) -> dict[str, float]:
+        """CPU use between two wall-clock instants, in cores (1.0 = one core busy)."""
+        a = _at(self.samples, start)
+        b = _at(self.samples, end)
+        wall = max(b.t - a.t, 1e-9)
+        ncpu = os.cpu_count() or 1
+        share = (b.total - a.total) or 1.0
+        out = {
+            "system_busy_cores": (b.busy - a.busy) / share * ncpu,
+            "softirq_cores": (b.softirq - a.softirq) / share * ncpu,
+        }
+        for name in self.pids:
+            out[f"{name}_cores"] = (b.procs.get(name, 0.0) - a.procs.get(name, 0.0)) / wall
+        return out
+
+
+def _at(samples: list[Sample], t: float) -> Sample:
+    """The sample closest to ``t``."""
+    return min(samples, key=lambda s: abs(s.t - t))
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+def _die_with_us() -> None:
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn(argv: Sequence[str], **kw: Any) -> subprocess.Popen[bytes]:
+    """A child that gets SIGKILL if the bench dies (nothing keeps running after a crash)."""
+    return subprocess.Popen(list(argv), preexec_fn=_die_with_us, **kw)  # noqa: PLW1509
+
+
+def run(argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    kw.setdefault("check", True)
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    return subprocess.run(list(argv), preexec_fn=_die_with_us, **kw)  # noqa: PLW1509
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a child we started, by its pid: SIGTERM, then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout=3)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGHUP become KeyboardInterrupt, so every ``finally`` (cleanup) runs."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def stdout_to(path: Path) -> Iterator[None]:
+    """Point file descriptor 1 (inherited by sandboxed commands) at ``path`` for a while."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.dup2(fd, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(fd)
+
+
+# -- namespaces of our own -----------------------------------------------------------------------
+
+
+@dataclass
+class BenchNet:
+    """Namespaces ``sg-<instance>-<role>`` and veths between them; ``close()`` removes them all.
+
+    Every ``ip`` command names the namespace it acts in (``ip -n``): the host's links, routes
+    and rules are never touched. Deleting a namespace deletes its links, and with them the
+    peers of those links (also the ports we add to the test world's bridge).
+    """
+
+    instance: str
+    made: list[str] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def name(self, role: str) -> str:
+        return f"sg-{self.instance}-{role}"
+
+    def netns(self, role: str) -> str:
+        name = self.name(role)
+        ns.check_ours(name)
+        run(["ip", "netns", "add", name])
+        self.made.append(name)
+        self.ip(name, "link", "set", "lo", "up")
+        self.sysctl(name, "net.ipv6.conf.all.disable_ipv6", "1")
+        self.sysctl(name, "net.ipv6.conf.default.disable_ipv6", "1")
+        return name
+
+    def ip(self, netns: str, *args: str) -> None:
+        ns.check_ours(netns)
+        run(["ip", "-n", netns, *args])
+
+    def sysctl(self, netns: str, key: str, value: str) -> None:
+        ns.check_ours(netns)
+        run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{key}={value}"])
+
+    def veth(self, a: str, a_if: str, b: str, b_if: str) -> None:
+        """A veth made inside namespace ``a`` with its peer placed straight into ``b``."""
+        ns.check_ours(a)
+        ns.check_ours(b)
+        self.ip(a, "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", b)
+
+    def address(self, netns: str, ifname: str, cidr: str) -> None:
+        self.ip(netns, "addr", "add", cidr, "dev", ifname)
+        self.ip(netns, "link", "set", ifname, "up")
+
+    def spawn_in(self, netns: str, argv: Sequence[str], **kw: Any) -> subprocess.Popen[bytes]:
+        ns.check_ours(netns)
+        proc = spawn(["ip", "netns", "exec", netns, *argv], **kw)
+        self.procs.append(proc)
+        return proc
+
+    def run_in(self, netns: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        ns.check_ours(netns)
+        return run(["ip", "netns", "exec", netns, *argv], **kw)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            stop(proc)
+        self.procs.clear()
+        for name in reversed(self.made):
+            with contextlib.suppress(Exception):
+                ns.remove(name)
+        self.made.clear()
+
+
+def wait_udp_port(netns: str, address: str, port: int, timeout: float = 5.0) -> None:
+    """Wait until something listens on udp ``address:port`` inside ``netns``."""
+    deadline = time.monotonic() + timeout
+    want = f"{address}:{port}"
+    while time.monotonic() < deadline:
+        out = run(["ip", "netns", "exec", netns, "ss", "-Hlun"], check=False).stdout
+        if want in out:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on udp {want} in {netns}")

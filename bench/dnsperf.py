@@ -1,0 +1,243 @@
+"""Resolver queries per second, with logging on: sandgate's resolver beside dnsmasq.
+
+The load generator is dnsperf (C, Debian package dnsperf), run from inside a sandbox for
+sandgate and from the peer guest namespace for dnsmasq, on the same kind of link (a veth /30).
+Four runs per resolver:
+
+- ``cached max``: one name (example.com) over and over, as fast as answers come back;
+- ``cached 20k``: the same, offered at 20,000 queries/s (latency at the goal's load);
+- ``uncached max`` / ``uncached 20k``: every query a new name under the bench zone, each
+  forwarded upstream (the fast dnsmasq upstream of bench/stack.py).
+
+Latency percentiles come from dnsperf's per-query lines (``-v``). "Logged" is the number of DNS
+events the gateway stored for the session (summing ``count``), against the queries dnsperf
+sent; for dnsmasq, the ``query[A]`` lines of its ``--log-queries`` file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import Sampler, log, median, pct, spawn, stop, wait_udp_port
+from bench.stack import BENCH_ZONE, CACHED_NAME, HOSTS, PEER_LINK, UPSTREAM, BenchStack
+from bench.stack import dnsmasq_argv as dnsmasq
+from sandgate.events.schema import Kind
+from sandgate.events.store import Store
+from sandgate.session.runner import RunOptions, run_in
+
+UID = 61000
+GOAL_QPS = 20_000
+
+
+@dataclass
+class Load:
+    name: str  # "cached max", ...
+    cached: bool
+    rate: int | None  # offered qps, None: as fast as possible
+    seconds: float
+    clients: int = 4
+    outstanding: int = 200
+
+
+@dataclass
+class DnsRun:
+    resolver: str
+    load: str
+    sent: int = 0
+    completed: int = 0
+    lost: int = 0
+    qps: float = 0.0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    logged: int | None = None
+    generator_cores: float = float("nan")
+    resolver_cores: float = float("nan")
+    upstream_cores: float = float("nan")
+    system_busy_cores: float = float("nan")
+    softirq_cores: float = float("nan")
+    rcodes: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def loads(quick: bool) -> list[Load]:
+    long, short = (1.5, 1.0) if quick else (5.0, 3.0)
+    return [
+        Load("cached max", True, None, long),
+        Load("cached 20k", True, GOAL_QPS, short, outstanding=1000),
+        Load("uncached max", False, None, long),
+        Load("uncached 20k", False, GOAL_QPS, short, outstanding=2000),
+    ]
+
+
+def query_file(path: Path, load: Load) -> None:
+    if load.cached:
+        path.write_text(f"{CACHED_NAME} A\n")
+        return
+    # Enough new names for the whole run at up to 80k qps; each used once (dnsperf -n 1).
+    tag = secrets.token_hex(3)
+    count = int(80_000 * load.seconds)
+    path.write_text("".join(f"q{i}.{tag}.{BENCH_ZONE} A\n" for i in range(count)))
+
+
+def dnsperf_args(server: str, load: Load, qfile: str) -> list[str]:
+    args = ["dnsperf", "-s", server, "-d", qfile, "-l", f"{load.seconds:g}", "-t", "2"]
+    args += ["-c", str(load.clients), "-q", str(load.outstanding), "-v"]
+    if load.rate is not None:
+        args += ["-Q", str(load.rate)]
+    if not load.cached:
+        args += ["-n", "1"]
+    return args
+
+
+def parse_dnsperf(text: str, run: DnsRun) -> None:
+    def num(label: str) -> float:
+        m = re.search(rf"{label}:\s+([0-9.]+)", text)
+        return float(m.group(1)) if m else float("nan")
+
+    run.sent = int(num("Queries sent"))
+    run.completed = int(num("Queries completed"))
+    run.lost = int(num("Queries lost"))
+    run.qps = num("Queries per second")
+    lat: list[float] = []
+    for line in text.splitlines():
+        if line.startswith("> ") and not line.startswith("> T "):
+            parts = line.split()
+            run.rcodes[parts[1]] = run.rcodes.get(parts[1], 0) + 1
+            lat.append(float(parts[-1]))
+    if lat:
+        run.p50_ms = median(lat) * 1e3
+        run.p99_ms = pct(lat, 99) * 1e3
+
+
+def parse_window(path: Path) -> tuple[float, float, float]:
+    """(start, end, generator CPU s) from the wrapper script's timestamps and bash's ``time``."""
+    start = end = cpu = float("nan")
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["START"]:
+            start = float(parts[1])
+        elif parts[:1] == ["END"]:
+            end = float(parts[1])
+        elif parts[:1] == ["CPU"]:
+            cpu = float(parts[2]) + float(parts[3])
+    return start, end, cpu
+
+
+WRAPPER = """\
+TIMEFORMAT='CPU %R %U %S'
+server=${1:-$(awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf)}
+shift
+echo START $(date +%s.%N) > "$OUT.win"
+{ time "$@" -s "$server" > "$OUT" 2>&1 ; } 2>> "$OUT.win"
+echo END $(date +%s.%N) >> "$OUT.win"
+"""
+
+
+def sandgate_run(bs: BenchStack, load: Load, work: Path) -> DnsRun:
+    qfile = work / f"q-{_slug(load.name)}.txt"
+    query_file(qfile, load)
+    out = work / f"out-sandgate-{_slug(load.name)}.txt"
+    args = dnsperf_args("", load, f"/work/{qfile.name}")
+    del args[1:3]  # -s comes from the wrapper (the sandbox's own resolv.conf)
+    pids = {"resolver": bs.stack.gateway.pid, "upstream": bs.net.procs[0].pid}
+    opts = RunOptions(
+        command=["bash", "/work/wrap.sh", "", *args],
+        env={"OUT": f"/work/{out.name}"},
+        mode="open",
+        world="test",
+        store=bs.store,
+        workdir=work,
+        timeout=load.seconds + 30,
+        label=f"bench dns {load.name}",
+    )
+    with Sampler(pids) as sampler:
+        result = run_in(bs.stack, opts)
+    run = DnsRun("sandgate", load.name)
+    parse_dnsperf(out.read_text(), run)
+    start, end, gen_cpu = parse_window(Path(f"{out}.win"))
+    _cpu(run, sampler, start, end, gen_cpu)
+    store = Store(bs.store)
+    try:
+        run.logged = sum(e.count for e in store.events(session=result.session, kinds=[Kind.DNS]))
+    finally:
+        store.close()
+    return run
+
+
+def dnsmasq_run(bs: BenchStack, load: Load, work: Path) -> DnsRun:
+    qfile = work / f"q-{_slug(load.name)}.txt"
+    query_file(qfile, load)
+    out = work / f"out-dnsmasq-{_slug(load.name)}.txt"
+    qlog = work / f"dnsmasq-{_slug(load.name)}.log"
+    server = PEER_LINK[0]
+    proc = spawn(
+        [
+            "ip", "netns", "exec", bs.router_ns,
+            *dnsmasq(
+                server,
+                f"--address=/{CACHED_NAME}/{HOSTS[CACHED_NAME]}",
+                f"--server={UPSTREAM}",
+                "--log-queries",
+                f"--log-facility={qlog}",
+            ),
+        ],  # fmt: skip
+        stdout=open(work / "dnsmasq.stderr", "ab"),  # noqa: SIM115 - the child's
+        stderr=-2,
+    )
+    try:
+        wait_udp_port(bs.router_ns, server, 53)
+        pids = {"resolver": proc.pid, "upstream": bs.net.procs[0].pid}
+        env = {**os.environ, "OUT": str(out)}
+        args = dnsperf_args("", load, str(qfile))
+        del args[1:3]
+        with Sampler(pids) as sampler:
+            done = spawn(
+                ["ip", "netns", "exec", bs.client_ns, "bash", str(work / "wrap.sh"), server, *args],
+                env=env,
+            )
+            done.wait(timeout=load.seconds + 30)
+    finally:
+        stop(proc)
+    run = DnsRun("dnsmasq", load.name)
+    parse_dnsperf(out.read_text(), run)
+    start, end, gen_cpu = parse_window(Path(f"{out}.win"))
+    _cpu(run, sampler, start, end, gen_cpu)
+    run.logged = sum(1 for line in qlog.read_text().splitlines() if " query[" in line)
+    return run
+
+
+def _cpu(run: DnsRun, sampler: Sampler, start: float, end: float, gen_cpu: float) -> None:
+    w = sampler.window(start, end)
+    run.resolver_cores = w.get("resolver_cores", float("nan"))
+    run.upstream_cores = w.get("upstream_cores", float("nan"))
+    run.system_busy_cores = w["system_busy_cores"]
+    run.softirq_cores = w["softirq_cores"]
+    run.generator_cores = gen_cpu / max(end - start, 1e-9)
+
+
+def _slug(name: str) -> str:
+    return name.replace(" ", "-")
+
+
+def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
+    work = bs.base / "dns"
+    work.mkdir(mode=0o755, exist_ok=True)
+    os.chown(work, UID, UID)
+    (work / "wrap.sh").write_text(WRAPPER)
+    runs: list[DnsRun] = []
+    for load in loads(quick):
+        for resolver in ("sandgate", "dnsmasq"):
+            log(f"dns: {resolver} {load.name} ({load.seconds:g} s)")
+            fn = sandgate_run if resolver == "sandgate" else dnsmasq_run
+            run = fn(bs, load, work)
+            runs.append(run)
+            time.sleep(0.2)
+    return {"runs": [r.as_dict() for r in runs]}
