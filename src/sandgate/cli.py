@@ -243,6 +243,37 @@ def log(
         out.print(events_table(events))
 
 
+@app.command()
+def watch(
+    instance: Annotated[
+        str | None, typer.Option("--instance", help="which gateway (default: main, then test)")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Stream every attempt live from a running gateway (`sandgate up`)."""
+    from sandgate.events.schema import Event
+    from sandgate.gateway import manage
+    from sandgate.report.render import event_line
+
+    handle = None
+    for name in [instance] if instance else ["main", "test"]:
+        handle = manage.find(name)
+        if handle is not None:
+            break
+    if handle is None:
+        _fail(SandgateError("no gateway is running", "start one with `sandgate up`"))
+        return
+    try:
+        with handle.client() as client:
+            for raw in client.stream("watch"):
+                if json_out:
+                    print(json.dumps(raw), flush=True)
+                else:
+                    out.print(event_line(Event.from_json(raw)), highlight=False)
+    except KeyboardInterrupt:
+        pass
+
+
 @policy_app.command("check")
 def policy_check(
     path: Annotated[Path, typer.Argument(help="the policy file")],

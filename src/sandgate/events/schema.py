@@ -111,6 +111,14 @@ class Event:
         values["details"] = json.loads(values["details"]) if values["details"] else {}
         return cls(**values)
 
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Event:
+        values: dict[str, Any] = {f: raw.get(f) for f in FIELDS}
+        values["kind"] = Kind(str(values["kind"]))
+        values["details"] = values["details"] or {}
+        values["count"] = values["count"] or 1
+        return cls(**values)
+
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["kind"] = str(self.kind)

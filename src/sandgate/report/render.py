@@ -106,6 +106,23 @@ def print_side_by_side(
     (console or Console()).print(comparison(reports))
 
 
+def event_line(e: Event) -> Text:
+    """One event as one line, for `sandgate watch`."""
+    line = Text(
+        time.strftime("%H:%M:%S", time.localtime(e.ts)) + f" {e.kind!s:6} {e.guest or '-':5} "
+    )
+    line.append(f"{e.verdict or '-':5}", style=VERDICT_STYLE.get(e.verdict or "", ""))
+    target = e.name or e.dst or ""
+    if e.port is not None and not e.name:
+        target += f":{e.port}"
+    line.append(f" {target} {e.reason or ''}")
+    if e.uid is not None:
+        line.append(f" uid {e.uid}", style="dim")
+    if e.rule:
+        line.append(f" ({e.rule})", style="dim")
+    return line
+
+
 def events_table(events: Iterable[Event]) -> Table:
     table = Table()
     for col in ("time", "kind", "guest", "uid", "verdict", "reason", "destination", "name", "rule"):
