@@ -91,5 +91,13 @@ def conns(events: list[Event], dst: str, port: int | None = None) -> list[Event]
     ]
 
 
+def http(events: list[Event], dst: str, port: int | None = None) -> list[Event]:
+    return [
+        e
+        for e in events
+        if e.kind is Kind.HTTP and e.dst == dst and (port is None or e.port == port)
+    ]
+
+
 def dns(events: list[Event], name: str) -> list[Event]:
     return [e for e in events if e.kind is Kind.DNS and e.name == name]

@@ -16,11 +16,13 @@ import pytest
 from sandgate.events.schema import Kind
 from sandgate.session.runner import UID_BASE
 
-from .conftest import Runner, conns, dns
+from .conftest import Runner, conns, dns, http
 
 pytestmark = pytest.mark.kernel
 
-CURL = "curl -sS -m 3 -o /dev/null -w '%{http_code}'"
+# --noproxy: connect directly, as an attacker would; web ports still reach the proxy
+# transparently (tests/kernel/test_proxy.py), every other port meets the gateway's rules.
+CURL = "curl --noproxy '*' -sS -m 3 -o /dev/null -w '%{http_code}'"
 
 
 def test_model_server_reachable_only_on_its_port(sandbox: Runner) -> None:
@@ -59,9 +61,17 @@ def test_cloud_metadata_by_ip_and_by_odd_spellings(sandbox: Runner) -> None:
         f"{CURL} http://2852039166/; {CURL} http://0xa9fea9fe/; {CURL} http://0251.0376.0251.0376/",
         mode="open",
     )
-    events = conns(sandbox.events(r), "169.254.169.254", 80)
-    assert len({e.details.get("sport") for e in events}) >= 4  # four separate attempts
-    assert all(e.verdict == "deny" and e.reason == "deny.metadata" for e in events)
+    # Port 80 meets the transparent proxy, which judges the Host; other ports meet the rules.
+    events = sandbox.events(r)
+    web = http(events, "169.254.169.254", 80)
+    assert len({e.details.get("sport") for e in web}) >= 4  # four separate attempts
+    assert all(e.verdict == "deny" and e.reason == "deny.metadata" for e in web)
+    r = sandbox.sh(
+        f"{CURL} http://169.254.169.254:8080/; {CURL} http://0xa9fea9fe:8080/", mode="open"
+    )
+    l3 = conns(sandbox.events(r), "169.254.169.254", 8080)
+    assert len({e.details.get("sport") for e in l3}) >= 2
+    assert all(e.verdict == "deny" and e.reason == "deny.metadata" for e in l3)
 
 
 def test_gateway_own_ports_closed_but_dns(sandbox: Runner) -> None:
@@ -135,8 +145,8 @@ def test_hardcoded_public_ip_and_icmp_in_locked_mode(sandbox: Runner) -> None:
     r = sandbox.sh(
         f"{CURL} http://198.51.100.10/; ping -c 1 -W 1 198.51.100.10; true", mode="locked"
     )
-    events = conns(sandbox.events(r), "198.51.100.10")
-    assert {e.category for e in events} >= {"TCP", "ICMP"}
+    events = conns(sandbox.events(r), "198.51.100.10") + http(sandbox.events(r), "198.51.100.10")
+    assert {e.kind for e in events} == {Kind.CONN, Kind.HTTP}  # ping at L3, HTTP at the proxy
     assert all(e.verdict == "deny" and e.reason == "deny.locked" for e in events)
     assert all(e.uid == UID_BASE for e in events)
 
@@ -148,8 +158,11 @@ def test_open_mode_reaches_the_internet_by_name_and_ip(sandbox: Runner) -> None:
     assert r.exit_code == 0
     events = sandbox.events(r)
     assert dns(events, "example.com")[0].verdict == "allow"
-    assert conns(events, "203.0.113.10", 443)[0].verdict == "allow"
-    assert conns(events, "198.51.100.10", 80)[0].reason == "allow.open"
+    tls = http(events, "203.0.113.10", 443)
+    assert tls[0].verdict == "allow" and tls[0].details["door"] == "transparent"
+    assert tls[0].name == "example.com" and tls[0].details["tls"] == "passthrough"
+    plain = http(events, "198.51.100.10", 80)
+    assert plain[0].reason == "allow.open" and plain[0].details["status"] == 200
 
 
 def test_rebinding_name_is_refused(sandbox: Runner) -> None:
@@ -176,10 +189,11 @@ def test_allowlist_reaches_only_addresses_of_allowed_names(sandbox: Runner) -> N
     )
     events = sandbox.events(r)
     assert dns(events, "pypi.org")[0].verdict == "allow"
-    assert conns(events, "203.0.113.20", 443)[0].reason == "allow.pinned"
+    assert http(events, "203.0.113.20", 443)[0].reason == "allow.rule"
     assert dns(events, "example.com")[0].reason == "deny.not_allowlisted"
-    pinned_elsewhere = conns(events, "203.0.113.10", 443)
-    assert pinned_elsewhere and all(e.reason == "deny.not_allowlisted" for e in pinned_elsewhere)
+    # An address obtained without our resolver: the proxy judges the SNI, and refuses.
+    refused = [e for e in sandbox.events(r, Kind.HTTP) if e.name == "example.com"]
+    assert refused and all(e.reason == "deny.not_allowlisted" for e in refused)
     # pypi.org's address was pinned for every port (its rule names none): 8080 passes L3.
     assert conns(events, "203.0.113.20", 8080)[0].verdict == "allow"
 

@@ -116,6 +116,7 @@ def by_mode(locked: str, open_: str, allowlist: str) -> tuple[str, str, str]:
 
 
 MODE_ONLY = by_mode("deny.locked", "allow.open", "deny.not_allowlisted")
+assert tuple(Mode) == (Mode.LOCKED, Mode.OPEN, Mode.ALLOWLIST)  # the order of every row
 
 # attempt -> (locked, open, allowlist), in decide()'s order of judgement.
 CODER_TABLE = [
@@ -259,7 +260,6 @@ CODER_TABLE = [
 def test_coder_table(attempt: Attempt, expected: tuple[str, str, str]) -> None:
     got = tuple(outcome(decide(coder(mode), attempt)) for mode in Mode)
     assert got == expected
-    assert tuple(Mode) == (Mode.LOCKED, Mode.OPEN, Mode.ALLOWLIST)
 
 
 def exemptions(**kw: object) -> Profile:
@@ -395,7 +395,8 @@ def test_decision_builders_and_keys() -> None:
         "deny.private",
         False,
     )
-    assert d.classification is not None and str(d.classification.block.network) == "10.0.0.0/8"  # type: ignore[union-attr]
+    block = d.classification.block if d.classification is not None else None
+    assert block is not None and str(block.network) == "10.0.0.0/8"
     assert "Private-use network" in d.explain()
     nothing = decide(coder(Mode.OPEN), Attempt(TCP))
     assert (nothing.verdict, nothing.key) == (Verdict.DENY, "deny.unparseable")

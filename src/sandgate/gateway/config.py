@@ -48,6 +48,9 @@ class GatewayConfig:
     watchdog: float | None = None
     notify: str | None = None
     drop_log_rate: int = 500
+    extra_ca: tuple[
+        str, ...
+    ] = ()  # CAs the proxy trusts upstream besides the system's (test world)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -67,6 +70,7 @@ class GatewayConfig:
         raw["uplink"] = Uplink(**raw["uplink"])
         raw["upstream_dns"] = tuple(raw.get("upstream_dns", ()))
         raw["public_override"] = tuple(raw.get("public_override", ()))
+        raw["extra_ca"] = tuple(raw.get("extra_ca", ()))
         return cls(**raw)
 
 

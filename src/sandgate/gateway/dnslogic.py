@@ -1,6 +1,13 @@
 """What the resolver does with a question and an upstream answer. Pure: bytes in, bytes out.
 
-The wire format is dnspython's business; this module only decides:
+The wire format is dnspython's business, with one exception made for speed: the readers at the
+end of this module handle the two shapes nearly all traffic has, a plain one-question query and
+a plain upstream answer of A/CNAME/SOA records, in a few microseconds instead of the ~240 µs
+dnspython spends per forwarded question. They accept a strict subset of what dnspython accepts
+and return None for anything else, which then takes the dnspython path: dnspython stays the
+authority on every message the fast readers do not fully understand.
+
+What is decided:
 
 - a question for a name the policy refuses gets NXDOMAIN carrying an Extended DNS Error
   (RFC 8914, code 15 "Blocked") whose text is the reason key, so ``dig`` shows why;
@@ -15,6 +22,7 @@ The wire format is dnspython's business; this module only decides:
 from __future__ import annotations
 
 import ipaddress
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,7 +49,17 @@ class Question:
     id: int
     name: str  # lower-case, no trailing dot ("" for the root)
     qtype: int
-    message: dns.message.Message
+    wire: bytes  # the query as received
+    parsed: dns.message.Message | None = None  # set when dnspython read it
+    # Set when the fast reader read it: the lower-cased wire form of the name, where the
+    # question section ends, and whether the query carried an (option-less) OPT record.
+    qname_wire: bytes | None = None
+    question_end: int = 0
+    edns: bool = False
+
+    @property
+    def message(self) -> dns.message.Message:
+        return self.parsed if self.parsed is not None else dns.message.from_wire(self.wire)
 
     @property
     def type_text(self) -> str:
@@ -57,6 +75,9 @@ class Malformed(ValueError):
 
 
 def parse_question(wire: bytes) -> Question:
+    fast = _fast_question(wire)
+    if fast is not None:
+        return fast
     try:
         msg = dns.message.from_wire(wire)
     except (dns.exception.DNSException, ValueError) as exc:
@@ -67,7 +88,7 @@ def parse_question(wire: bytes) -> Question:
     name = rrset.name.to_text(omit_final_dot=True).lower()
     if rrset.rdclass != dns.rdataclass.IN:
         raise Malformed("only class IN is served", _formerr(wire))
-    return Question(msg.id, "" if name == "@" else name, rrset.rdtype, msg)
+    return Question(msg.id, "" if name == "@" else name, rrset.rdtype, wire, msg)
 
 
 def _formerr(wire: bytes) -> bytes | None:
@@ -92,6 +113,12 @@ def blocked(q: Question, reason_key: str, *, code: int = EDE_BLOCKED) -> bytes:
 
 def empty(q: Question) -> bytes:
     """NOERROR with no records (used for AAAA: IPv4 only)."""
+    if q.qname_wire is not None:
+        # What dnspython's make_response renders for a plain query, without parsing it again:
+        # QR, RD copied, RA; the question as asked; an OPT advertising 8192 if the query had one.
+        flags = 0x8080 | (q.wire[2] & 0x01) << 8
+        head = _HEADER.pack(q.id, flags, 1, 0, 0, 1 if q.edns else 0)
+        return head + q.wire[12 : q.question_end] + (_OPT_8192 if q.edns else b"")
     resp = dns.message.make_response(q.message)
     resp.flags |= dns.flags.RA
     return resp.to_wire()
@@ -139,6 +166,19 @@ def judge_answer(
     check: Callable[[ipaddress.IPv4Address], str | None],
 ) -> Answer:
     """Apply ``check`` (address -> reason key if refused) to every A record of the answer."""
+    fast = _fast_answer(upstream)
+    if fast is not None:
+        raw_addresses, fast_ttl, fast_rcode = fast
+        shown: list[str] = []
+        for raw in raw_addresses:
+            address = ipaddress.IPv4Address(raw)
+            refused = check(address)
+            if refused is not None:
+                wire = blocked(q, refused, code=EDE_FILTERED)
+                return Answer(wire, (), 0, dns.rcode.NXDOMAIN, refused, str(address))
+            shown.append(str(address))
+        # The answer as it came, under the guest's id: the reader checked every byte of it.
+        return Answer(q.id.to_bytes(2, "big") + upstream[2:], tuple(shown), fast_ttl, fast_rcode)
     try:
         resp = dns.message.from_wire(upstream)
     except (dns.exception.DNSException, ValueError):
@@ -147,6 +187,10 @@ def judge_answer(
     addresses: list[str] = []
     ttl = 2**31
     for rrset in resp.answer:
+        if rrset.rdtype == A and rrset.rdclass != dns.rdataclass.IN:
+            # Not an address record (dnspython keeps it as opaque data): refuse the answer
+            # rather than fail on it.
+            return Answer(servfail(q, "bad upstream answer"), (), 0, dns.rcode.SERVFAIL)
         if rrset.rdtype == A:
             ttl = min(ttl, rrset.ttl)
             for rdata in rrset:
@@ -163,6 +207,10 @@ def judge_answer(
 
 def query_for_upstream(q: Question, new_id: int) -> bytes:
     """The guest's question, re-issued with our own id and recursion desired."""
+    if q.qname_wire is not None:
+        # Byte for byte what dnspython's make_query(..., use_edns=0) renders, with RD set.
+        head = _HEADER.pack(new_id, 0x0100, 1, 0, 0, 1)
+        return head + q.qname_wire + _QTAIL.pack(q.qtype, 1) + _OPT_1232
     msg = dns.message.make_query(
         dns.name.from_text(q.name or "."),
         dns.rdatatype.RdataType(q.qtype),
@@ -181,3 +229,194 @@ def cache_key(wire: bytes) -> bytes:
 
 def with_id(wire: bytes, qid: bytes) -> bytes:
     return qid + wire[2:]
+
+
+# -- fast readers for the common shapes (see the module docstring) -----------------------------
+
+_HEADER = struct.Struct("!HHHHHH")
+_QTAIL = struct.Struct("!HH")
+_RR = struct.Struct("!HHIH")
+_OPT_1232 = b"\x00" + _RR.pack(41, 1232, 0, 0)  # dnspython's default EDNS payload
+_OPT_8192 = b"\x00" + _RR.pack(41, 8192, 0, 0)  # what make_response advertises
+# Label bytes the fast reader accepts: those dnspython prints without escaping, so the name's
+# text is simply the labels joined by dots.
+_PLAIN = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
+_MAX_POINTERS = 16  # dnspython's MAX_COMPRESSION_POINTER_CHAIN
+T_A, T_CNAME, T_SOA, T_OPT = 1, 5, 6, 41
+CLASS_IN = 1
+
+
+def _fast_question(wire: bytes) -> Question | None:
+    """A plain query: one IN question with an uncompressed, escape-free name, no records but
+    an option-less OPT. None for anything else (dnspython then reads it)."""
+    size = len(wire)
+    if size < 17:
+        return None
+    qid, flags, qd, an, ns, ar = _HEADER.unpack_from(wire)
+    if flags & 0xF800 or qd != 1 or an or ns or ar > 1:  # QR set, opcode not QUERY, records
+        return None
+    pos = 12
+    labels: list[bytes] = []
+    while True:
+        if pos >= size:
+            return None
+        n = wire[pos]
+        if n == 0:
+            pos += 1
+            break
+        if n > 63:  # compression or a bad label type: not in a plain query
+            return None
+        label = wire[pos + 1 : pos + 1 + n]
+        if len(label) != n or label.translate(None, _PLAIN):
+            return None
+        labels.append(label.lower())
+        pos += 1 + n
+    if not labels or pos - 12 > 255 or pos + 4 > size:  # the root: dnspython's path
+        return None
+    qtype, qclass = _QTAIL.unpack_from(wire, pos)
+    pos += 4
+    if qclass != CLASS_IN:
+        return None
+    edns = False
+    if ar:
+        if size != pos + 11 or wire[pos] != 0:
+            return None
+        rtype, _payload, _ttl, rdlen = _RR.unpack_from(wire, pos + 1)
+        if rtype != T_OPT or rdlen:
+            return None
+        edns = True
+    elif size != pos:
+        return None
+    qname_wire = b"".join(bytes((len(x),)) + x for x in labels) + b"\x00"
+    name = b".".join(labels).decode("ascii")
+    return Question(qid, name, qtype, wire, None, qname_wire, pos, edns)
+
+
+def _read_name(wire: bytes, pos: int, end: int) -> tuple[bytes, int] | None:
+    """A possibly compressed name starting at ``pos`` (not reading past ``end``): its lower-cased
+    uncompressed form and the position after it; None where dnspython would refuse it."""
+    parts: list[bytes] = []
+    after = -1
+    segment = pos
+    hops = 0
+    total = 1
+    while True:
+        if pos >= end:
+            return None
+        n = wire[pos]
+        if n == 0:
+            pos += 1
+            break
+        if n < 64:
+            if pos + 1 + n > end:
+                return None
+            parts.append(wire[pos : pos + 1 + n])
+            total += n + 1
+            pos += 1 + n
+        elif n >= 192:
+            if pos + 2 > end:
+                return None
+            target = (n & 0x3F) << 8 | wire[pos + 1]
+            if after < 0:
+                after = pos + 2
+            hops += 1
+            if target >= segment or hops > _MAX_POINTERS:
+                return None  # pointers go strictly backwards, never into what was read
+            end = segment
+            segment = pos = target
+        else:
+            return None
+    if total > 255:
+        return None
+    return b"".join(parts).lower(), (after if after >= 0 else pos)
+
+
+def _fast_answer(wire: bytes) -> tuple[list[bytes], int, int] | None:
+    """A plain upstream answer: (A addresses in dnspython's order, smallest A TTL, rcode), or None
+    unless every record is IN A/CNAME/SOA (and one option-less OPT) and every byte is accounted
+    for."""
+    size = len(wire)
+    if size < 12:
+        return None
+    _qid, flags, qd, an, ns, ar = _HEADER.unpack_from(wire)
+    if flags & 0x7800:  # an opcode other than QUERY
+        return None
+    pos = 12
+    for _ in range(qd):
+        got = _read_name(wire, pos, size)
+        if got is None or got[1] + 4 > size:
+            return None
+        pos = got[1] + 4
+    # A rdatasets of the answer section by owner, in order of first appearance (as dnspython
+    # groups them into rrsets), each without duplicates, with the smallest TTL of its records.
+    groups: dict[bytes, tuple[list[bytes], list[int]]] = {}
+    ext_rcode = 0
+    seen_opt = False
+    for section, count in ((1, an), (2, ns), (3, ar)):
+        for _ in range(count):
+            got = _read_name(wire, pos, size)
+            if got is None or got[1] + 10 > size:
+                return None
+            owner, pos = got
+            rtype, rclass, ttl, rdlen = _RR.unpack_from(wire, pos)
+            pos += 10
+            rend = pos + rdlen
+            if rend > size:
+                return None
+            if rtype == T_OPT:
+                if section != 3 or seen_opt or owner != b"" or rdlen:
+                    return None
+                seen_opt = True
+                ext_rcode = ttl >> 24
+            elif rclass != CLASS_IN:
+                return None
+            elif rtype == T_A:
+                if rdlen != 4:
+                    return None
+                if section == 1:
+                    group = groups.setdefault(owner, ([], []))
+                    rdata = wire[pos:rend]
+                    if rdata not in group[0]:
+                        group[0].append(rdata)
+                    group[1].append(0 if ttl > 0x7FFFFFFF else ttl)
+            elif rtype == T_CNAME:
+                got = _read_name(wire, pos, rend)
+                if got is None or got[1] != rend:
+                    return None
+            elif rtype == T_SOA:
+                got = _read_name(wire, pos, rend)
+                if got is None:
+                    return None
+                got = _read_name(wire, got[1], rend)
+                if got is None or got[1] + 20 != rend:
+                    return None
+            else:
+                return None
+            pos = rend
+    if pos != size:
+        return None
+    addresses = [a for rdatas, _ in groups.values() for a in rdatas]
+    ttl_min = min((min(ttls) for _, ttls in groups.values()), default=0)
+    return addresses, ttl_min, (flags & 0xF) | (ext_rcode << 4)
+
+
+def address_query(name: str, qid: int) -> bytes:
+    """An A query for ``name`` (the proxy resolves names it is asked to connect to)."""
+    msg = dns.message.make_query(dns.name.from_text(name), dns.rdatatype.A, use_edns=0)
+    msg.id = qid
+    msg.flags |= dns.flags.RD
+    return msg.to_wire()
+
+
+def a_records(wire: bytes) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an answer gives (CNAME chains are already flattened upstream)."""
+    try:
+        msg = dns.message.from_wire(wire)
+    except (dns.exception.DNSException, ValueError):
+        return []
+    return [
+        ipaddress.IPv4Address(r.address)
+        for rrset in msg.answer
+        if rrset.rdtype == A and rrset.rdclass == dns.rdataclass.IN  # else opaque data
+        for r in rrset
+    ]

@@ -24,11 +24,14 @@ from typing import Any, TypeVar
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store
-from sandgate.gateway import control
+from sandgate.gateway import control, dnslogic
 from sandgate.gateway.attribution import Attributor, FlowKey
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.links import Plumber, guest_mac
 from sandgate.gateway.logreader import gateway_event, guest_flow, proto_name
+from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
+from sandgate.gateway.proxy.flow import ProxyGuest
+from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
 from sandgate.gateway.resolver import GuestDNS, PinPorts, Resolver
 from sandgate.net import ns
 from sandgate.net.compile import (
@@ -55,6 +58,7 @@ from sandgate.policy.profile import Profile
 T = TypeVar("T")
 
 FLUSH_INTERVAL = 0.1
+RESOLVE_TIMEOUT = 6.0
 NFLOG_SETTLE = 0.15  # the kernel batches NFLOG for up to 100 ms (timeout 10 cs)
 
 
@@ -68,6 +72,7 @@ class Guest:
     dns: GuestDNS
     uid: int | None = None
     uidlog: NflogSocket | None = None
+    proxy: ProxyGuest | None = None
     started: float = field(default_factory=time.time)
 
 
@@ -86,6 +91,10 @@ class Gateway:
         self.store = Store(cfg.store) if cfg.store else Store()
         self.attributor = Attributor(self._emit, self._infer)
         self.resolver = Resolver(list(cfg.upstream_dns), self._emit_flow, self._pin)
+        self.proxy = Proxy(
+            self._resolve_blocking, self._emit_from_thread, extra_ca=[Path(p) for p in cfg.extra_ca]
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.nft = Nft()
         # pyroute2's synchronous API runs an event loop of its own, which cannot run on the
         # thread of ours: every netlink call goes to this one thread (in our namespace too).
@@ -98,6 +107,7 @@ class Gateway:
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
+        self._loop = loop
         await self._nl(self.plumber.harden_gateway)
         cmds, sites = base_ruleset(
             self.cfg.uplink.ifname,
@@ -214,7 +224,11 @@ class Gateway:
                 )
                 dns = GuestDNS(link, msg.get("session"), profile, key)
                 await self.resolver.start_guest(dns)
-                undo.append(lambda: None)
+                undo.append(lambda: _close_listeners(dns))
+                secrets = load_secrets(profile.secrets, msg.get("session"))
+                pg = ProxyGuest(link, msg.get("session"), profile, secrets)
+                self.proxy.start_guest(pg)
+                undo.append(lambda: self.proxy.stop_guest(pg))
                 uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
             except BaseException:
                 for step in reversed(undo):
@@ -222,7 +236,7 @@ class Gateway:
                         step()
                 raise
             guest = Guest(
-                link, netns, msg.get("session"), profile, sites, dns, msg.get("uid"), uidlog
+                link, netns, msg.get("session"), profile, sites, dns, msg.get("uid"), uidlog, pg
             )
             asyncio.get_running_loop().add_reader(uidlog.fileno(), self._on_guest_log, guest)
             self.guests[link.ifname] = guest
@@ -249,6 +263,9 @@ class Gateway:
             "profile": profile.name,
             "mode": str(profile.mode),
             "policy": policy.source,
+            "proxy": f"http://{link.gateway}:{EXPLICIT_PORT}",
+            "ca": self.proxy.ca_cert_pem().decode(),
+            "secrets": sandbox_view(secrets),
         }
 
     async def remove_guest(self, name: str) -> dict[str, Any]:
@@ -268,6 +285,10 @@ class Gateway:
                 loop.remove_reader(guest.uidlog.fileno())
                 guest.uidlog.close()
             await self.resolver.stop_guest(guest.dns)
+            if guest.proxy is not None:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self.proxy.stop_guest, guest.proxy
+                )
             with contextlib.suppress(SandgateError):
                 self.nft.run(
                     batch(*guest_remove(guest.link, guest.sites.values(), guest.profile.mode))
@@ -381,6 +402,31 @@ class Gateway:
         cmds = [pin_elements(dns.link, a, ttl, ports, self.limits) for a in addresses]
         self.nft.run(batch(*cmds))
 
+    # -- the proxy's needs (it runs on threads) ------------------------------------------------
+
+    def _resolve_blocking(self, name: str) -> list[ipaddress.IPv4Address]:
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._resolve_a(name), self._loop)
+        try:
+            return future.result(RESOLVE_TIMEOUT)
+        except (TimeoutError, OSError):
+            return []
+
+    async def _resolve_a(self, name: str) -> list[ipaddress.IPv4Address]:
+        query = dnslogic.address_query(name, self.resolver.upstream.new_id())
+        try:
+            reply = await self.resolver.upstream.ask(query)
+        except (TimeoutError, OSError):
+            return []
+        return dnslogic.a_records(reply)
+
+    def _emit_from_thread(self, key: FlowKey | None, event: Event) -> None:
+        assert self._loop is not None
+        if key is None:
+            self._loop.call_soon_threadsafe(self._emit, event)
+        else:
+            self._loop.call_soon_threadsafe(self._emit_flow, key, event)
+
     # -- events -------------------------------------------------------------------------------
 
     def _emit_flow(self, key: FlowKey, event: Event) -> None:
@@ -482,6 +528,13 @@ class Gateway:
                 await writer.drain()
         finally:
             self.watchers.remove(q)
+
+
+def _close_listeners(dns: GuestDNS) -> None:
+    if dns.udp is not None:
+        dns.udp.close()
+    if dns.tcp is not None:
+        dns.tcp.close()
 
 
 def _apply_in_place(cmds: list[dict[str, Any]]) -> None:

@@ -36,6 +36,10 @@ GROUP_DROP = 1  # NFLOG group for drops in the gateway namespace
 GROUP_ACCEPT = 2  # accepted new flows
 GROUP_GUEST = 3  # in each guest namespace: new outbound flows with the sending uid
 PINNED_MAX_PORTS = 256  # port-scoped allowlist rules with wider ranges pin the address only
+PROXY_EXPLICIT_PORT = 3128  # HTTP_PROXY for the guest
+PROXY_HTTP_PORT = 15080  # the guest's TCP 80, redirected
+PROXY_TLS_PORT = 15443  # the guest's TCP 443, redirected
+PROXY_PORTS = (PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT)
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,15 @@ def base_ruleset(
     not_local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local", op="!=")
     b.rule("prerouting", *dns, not_local, *b.mark(None, "deny", Reason.DNS_REDIRECT.key))
     b.rule("prerouting", *dns, {"redirect": {"port": 53}})
+    # Web traffic goes to the proxy, which judges it by name (SNI, Host) as well as address.
+    for dport, to in ((80, PROXY_HTTP_PORT), (443, PROXY_TLS_PORT)):
+        b.rule(
+            "prerouting",
+            _match(_meta("iifname"), "g*"),
+            _match(_meta("l4proto"), "tcp"),
+            _match(_payload("th", "dport"), dport),
+            {"redirect": {"port": to}},
+        )
     b.rule(
         "postrouting",
         _match(_meta("oifname"), uplink),
@@ -292,6 +305,13 @@ def guest_add(
         own,
         _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
         _match(_payload("th", "dport"), 53),
+        {"accept": None},
+    )
+    b.rule(
+        inp,
+        own,
+        _match(_meta("l4proto"), "tcp"),
+        _match(_payload("th", "dport"), {"set": list(PROXY_PORTS)}),
         {"accept": None},
     )
     b.rule(inp, own, b.site(inp, g, "deny", Reason.GATEWAY_PORT.key))

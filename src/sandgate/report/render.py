@@ -51,6 +51,24 @@ def session_tables(r: SessionReport, title: str | None = None) -> Group:
             ",".join(str(u) for u in d.uids),
         )
     parts.append(conns if r.destinations else Text("connection attempts: none"))
+    if r.requests:
+        reqs = Table(title="requests and tunnels (proxy)", title_justify="left")
+        for col in ("request", "tls", "status", "verdict", "reason", "bytes ↑/↓", "uid"):
+            reqs.add_column(col)
+        for q in r.requests:
+            what = f"{q.method or 'TLS'} {q.host or '?'}:{q.port or ''}{q.path or ''}"
+            if q.credentials:
+                what += f" [{', '.join(q.credentials)}]"
+            reqs.add_row(
+                what,
+                q.tls or "",
+                str(q.status or ""),
+                _verdict(q.verdict),
+                q.reason or "",
+                f"{q.bytes_up}/{q.bytes_down}",
+                "" if q.uid is None else str(q.uid),
+            )
+        parts.append(reqs)
     totals = ", ".join(
         f"{cat}: " + " ".join(f"{v} {n}" for v, n in sorted(c.items()))
         for cat, c in r.totals.items()
@@ -91,6 +109,14 @@ def comparison(reports: Sequence[tuple[str, SessionReport]]) -> Table:
             cells[i] = Text(
                 f"{d.verdict} {d.reason}{rule} ×{d.attempts}",
                 style=VERDICT_STYLE.get(d.verdict or "", ""),
+            )
+        for q in r.requests:
+            scheme = "HTTP" if q.tls == "plain" else "HTTPS"
+            cells = rows.setdefault(f"{scheme} {q.host}:{q.port}", [Text("-", style="dim")] * width)
+            status = f" {q.status}" if q.status else ""
+            cells[i] = Text(
+                f"{q.verdict} {q.reason} ({q.tls}){status}",
+                style=VERDICT_STYLE.get(q.verdict or "", ""),
             )
     for key in sorted(rows, key=lambda k: (not k.startswith("name "), k)):
         table.add_row(key, *rows[key])

@@ -42,6 +42,26 @@ class NameAsked:
 
 
 @dataclass
+class Request:
+    """One request (plain or inspected HTTP) or tunnel (passthrough TLS, CONNECT) via the proxy."""
+
+    host: str | None
+    port: int | None
+    method: str | None
+    path: str | None
+    status: int | None
+    tls: str | None
+    door: str | None
+    verdict: str | None
+    reason: str | None
+    rule: str | None
+    bytes_up: int
+    bytes_down: int
+    uid: int | None
+    credentials: list[str] = field(default_factory=list)
+
+
+@dataclass
 class SessionReport:
     session: str | None
     command: list[str]
@@ -55,6 +75,7 @@ class SessionReport:
     destinations: list[Destination]
     totals: dict[str, dict[str, int]]  # category -> verdict -> attempts
     uids: list[int]
+    requests: list[Request]
     counters: dict[str, Any]
     message: str | None = None
 
@@ -109,6 +130,30 @@ def build_report(
     for n in names.values():
         totals["DNS questions"][n.verdict or "?"] += n.questions
 
+    requests = [
+        Request(
+            host=e.name,
+            port=e.port,
+            method=e.details.get("method"),
+            path=e.details.get("path"),
+            status=e.details.get("status"),
+            tls=e.details.get("tls"),
+            door=e.details.get("door"),
+            verdict=e.verdict,
+            reason=e.reason,
+            rule=e.rule,
+            bytes_up=int(e.details.get("bytes_up", 0)),
+            bytes_down=int(e.details.get("bytes_down", 0)),
+            uid=e.uid,
+            credentials=list(e.details.get("credentials", [])),
+        )
+        for e in events
+        if e.kind is Kind.HTTP
+    ]
+    for r in requests:
+        totals["HTTP requests" if r.method and r.method != "CONNECT" else "tunnels"][
+            r.verdict or "?"
+        ] += 1
     uids = sorted({e.uid for e in events if e.uid is not None})
     duration = None
     if session is not None and session.ended is not None:
@@ -128,6 +173,7 @@ def build_report(
         ),
         totals={k: dict(v) for k, v in sorted(totals.items())},
         uids=uids,
+        requests=requests,
         counters=counters or {},
         message=(session.details.get("message") if session else None),
     )

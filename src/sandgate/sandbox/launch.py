@@ -125,7 +125,7 @@ class Sandbox:
             raise
         return box
 
-    def etc_files(self, gateway: str, uid: int, ca_cert: Path | None) -> dict[str, Path]:
+    def etc_files(self, gateway: str, uid: int, extra_ca: list[bytes]) -> dict[str, Path]:
         """The files the sandbox sees in place of the host's: resolver, users, CA trust."""
         etc = self.dir / "etc"
         files: dict[str, Path] = {}
@@ -142,10 +142,12 @@ class Sandbox:
         (etc / "group").write_text(group)
         files["/etc/passwd"] = etc / "passwd"
         files["/etc/group"] = etc / "group"
-        if ca_cert is not None:
+        if extra_ca:
+            # The system's trust plus the gateway's inspection CA (and the test world's CA).
             bundle = etc / "ca-certificates.crt"
             system = SYSTEM_BUNDLE.read_bytes() if SYSTEM_BUNDLE.exists() else b""
-            bundle.write_bytes(system.rstrip(b"\n") + b"\n" + ca_cert.read_bytes())
+            parts = [system.rstrip(b"\n"), *(c.strip() for c in extra_ca)]
+            bundle.write_bytes(b"\n".join(parts) + b"\n")
             files[str(SYSTEM_BUNDLE)] = bundle
         for path in files.values():
             os.chmod(path, 0o644)
@@ -211,3 +213,27 @@ class CommandNotFound(SandboxError):
 def ca_env(path: str = str(SYSTEM_BUNDLE)) -> dict[str, str]:
     """Point every common TLS client at the sandbox's CA bundle."""
     return dict.fromkeys(CA_VARS, path)
+
+
+def proxy_env(url: str) -> dict[str, str]:
+    """The explicit proxy, for clients that prefer one (the transparent door catches the rest)."""
+    env = dict.fromkeys(("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"), url)
+    env["no_proxy"] = env["NO_PROXY"] = "localhost,127.0.0.1"
+    return env
+
+
+def place_secrets(home: Path, uid: int, view: dict[str, dict[str, str | None]]) -> dict[str, str]:
+    """Put each placeholder where the profile says: an environment variable and/or a file."""
+    env: dict[str, str] = {}
+    for item in view.values():
+        placeholder = item["placeholder"] or ""
+        if item.get("env"):
+            env[str(item["env"])] = placeholder
+        target = item.get("file")
+        if target:
+            path = home / str(target).removeprefix("~/").lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(placeholder + "\n")
+            for p in [path, *[q for q in path.parents if home in q.parents]]:
+                os.chown(p, uid, uid)
+    return env

@@ -23,7 +23,14 @@ from sandgate.events.store import Store
 from sandgate.policy.load import load_policy
 from sandgate.report.session import SessionReport, build_report
 from sandgate.sandbox import bwrap
-from sandgate.sandbox.launch import CommandNotFound, Sandbox, ca_env, preflight
+from sandgate.sandbox.launch import (
+    CommandNotFound,
+    Sandbox,
+    ca_env,
+    place_secrets,
+    preflight,
+    proxy_env,
+)
 from sandgate.session.stack import Stack, stack_for
 
 UID_BASE = 61000
@@ -126,11 +133,14 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             command=list(opts.command),
             details={"label": opts.label} if opts.label else None,
         )
-        files = {
-            **box.etc_files(guest["gateway"], uid, world.ca_cert if world else None),
-            **box.copy_in(opts.files),
+        cas = [guest["ca"].encode()] + ([world.ca_cert.read_bytes()] if world else [])
+        files = {**box.etc_files(guest["gateway"], uid, cas), **box.copy_in(opts.files)}
+        env = {
+            **ca_env(),
+            **proxy_env(guest["proxy"]),
+            **place_secrets(box.home, uid, guest.get("secrets", {})),
+            **opts.env,
         }
-        env = {**(ca_env() if world else {}), **opts.env}
         spec = bwrap.SandboxSpec(
             netns=f"/run/netns/{box.netns}",
             uid=uid,

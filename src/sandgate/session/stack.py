@@ -119,6 +119,7 @@ def gateway_config(
             upstream_dns=info.upstream_dns,
             public_override=info.public_override,
             store=store or "",
+            extra_ca=(str(info.ca_cert),),
             **extra,
         )
     spec = load_policy(None).file.gateway

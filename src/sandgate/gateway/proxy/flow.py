@@ -1,0 +1,151 @@
+"""What the proxy knows about one guest and one connection, and how it judges a target.
+
+Resolve once, check every address, dial the address that was checked (smokescreen): a name
+whose answers include any address the policy refuses is refused as a whole (rebinding), and the
+connection goes to an address that passed, never to one looked up again later.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandgate.events.schema import Category, Event, Kind
+from sandgate.gateway.attribution import FlowKey
+from sandgate.gateway.proxy.credentials import Secret
+from sandgate.net.compile import GuestLink
+from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny
+from sandgate.policy.model import Protocol
+from sandgate.policy.profile import Profile
+
+Resolve = Callable[[str], list[ipaddress.IPv4Address]]
+Emit = Callable[[FlowKey | None, Event], None]
+
+
+@dataclass
+class ProxyGuest:
+    link: GuestLink
+    session: str | None
+    profile: Profile
+    secrets: tuple[Secret, ...] = ()
+
+
+@dataclass(frozen=True)
+class Judged:
+    decision: Decision
+    address: ipaddress.IPv4Address | None  # where to dial, when allowed
+    addresses: tuple[str, ...] = ()
+
+
+def judge(
+    profile: Profile,
+    name: str | None,
+    address: ipaddress.IPv4Address | None,
+    port: int,
+    resolve: Resolve,
+) -> Judged:
+    """The verdict on connecting to ``name`` (resolved here) or to ``address``, on ``port``."""
+    if name is None:
+        if address is None:
+            return Judged(deny(Reason.UNPARSEABLE, "no name and no address"), None)
+        d = decide(profile, Attempt(Protocol.TCP, address, port))
+        return Judged(d, address if d.allowed else None, (str(address),))
+    literal = _literal(name)
+    if literal is not None:
+        d = decide(profile, Attempt(Protocol.TCP, literal, port))
+        return Judged(d, literal if d.allowed else None, (str(literal),))
+    first = decide(profile, Attempt(Protocol.TCP, None, port, name))
+    if not first.allowed:
+        return Judged(first, None)
+    answers = resolve(name)
+    if not answers:
+        return Judged(deny(Reason.UNRESOLVABLE, f"{name} does not resolve"), None)
+    verdicts = [decide(profile, Attempt(Protocol.TCP, a, port, name)) for a in answers]
+    refused = next((d for d in verdicts if not d.allowed), None)
+    shown = tuple(str(a) for a in answers)
+    if refused is not None:
+        return Judged(refused, None, shown)
+    return Judged(verdicts[0], answers[0], shown)
+
+
+def _literal(name: str) -> ipaddress.IPv4Address | None:
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address):
+        return address.ipv4_mapped
+    return address
+
+
+@dataclass
+class Record:
+    """One decision record per request or tunnel (issue 3, part 7); becomes one event."""
+
+    guest: ProxyGuest
+    door: str  # "explicit" | "transparent"
+    client: tuple[str, int]
+    original_dst: tuple[str, int] | None = None
+    method: str | None = None
+    host: str | None = None
+    path: str | None = None
+    port: int | None = None
+    tls: str = "plain"  # plain | passthrough | inspected
+    sni: str | None = None
+    status: int | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    started: float = field(default_factory=time.monotonic)
+    address: str | None = None
+    decision: Decision | None = None
+    reason_override: str | None = None
+    credentials: list[str] = field(default_factory=list)
+    note: str | None = None
+
+    def flow_key(self) -> FlowKey:
+        if self.original_dst is not None:
+            dst, dport = self.original_dst
+        else:
+            dst, dport = str(self.guest.link.gateway), 0
+        return (self.guest.link.ifname, "tcp", self.client[1], dst, dport)
+
+    def _asked_for(self) -> str | None:
+        """Where a refused transparent connection was going (it was never dialled)."""
+        if self.door == "transparent" and self.original_dst is not None:
+            return self.original_dst[0]
+        return None
+
+    def event(self) -> Event:
+        d = self.decision
+        details: dict[str, Any] = {
+            "door": self.door,
+            "tls": self.tls,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "duration_ms": round((time.monotonic() - self.started) * 1000, 1),
+            "sport": self.client[1],
+        }
+        for key in ("method", "path", "status", "sni", "note"):
+            value = getattr(self, key)
+            if value is not None:
+                details[key] = value
+        if self.credentials:
+            details["credentials"] = self.credentials
+        return Event(
+            kind=Kind.HTTP,
+            session=self.guest.session,
+            guest=self.guest.link.ifname,
+            verdict=d.verdict.value if d else None,
+            rule=d.rule_ref if d else None,
+            reason=self.reason_override or (d.key if d else None),
+            category=Category.TCP.value,
+            src=self.client[0],
+            dst=self.address or self._asked_for(),
+            port=self.port,
+            protocol="tcp",
+            name=self.host,
+            details=details,
+        )

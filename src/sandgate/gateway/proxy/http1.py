@@ -1,0 +1,457 @@
+"""HTTP/1.1 through the proxy: one client connection, request by request, with h11.
+
+Used for plain HTTP (transparent port 80, explicit absolute-form requests) and for inspected
+TLS. Each request is judged (``judge_request`` for the protocol, ``flow.judge`` for the policy),
+its credential headers rewritten (credentials.py), and its body and the response streamed chunk
+by chunk: nothing is held whole, so server-sent events arrive as they are produced. Blocking
+sockets on a thread of their own; h11 does all the parsing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import h11
+
+from sandgate.errors import PeerProtocolError
+from sandgate.gateway.proxy import httphead
+from sandgate.gateway.proxy.credentials import (
+    BodyScanner,
+    Redactor,
+    redact_headers,
+    rewrite_headers,
+    same_lengths,
+)
+from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
+from sandgate.policy.decide import Reason, deny
+
+MAX_HEAD = 64 * 1024
+RECV = 64 * 1024
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"te",
+        b"trailer",
+        b"upgrade",
+    }
+)
+
+Dial = Callable[[str, int, "str | None"], socket.socket]  # address, port, TLS server name
+
+
+@dataclass
+class Ctx:
+    guest: ProxyGuest
+    door: str  # explicit | transparent
+    client: tuple[str, int]
+    original_dst: tuple[str, int]
+    resolve: Resolve
+    dial: Dial
+    emit: Emit
+    tls_name: str | None = None  # set when the client side is inspected TLS: the SNI
+    on_connect: Callable[[socket.socket, Record, bytes], None] | None = None
+    idle: float = 120.0
+
+
+class _Peer:
+    """A socket and its h11 state, with a tolerant reader."""
+
+    def __init__(self, sock: socket.socket, role: type[h11.CLIENT] | type[h11.SERVER]) -> None:
+        self.sock = sock
+        self.h = h11.Connection(role, max_incomplete_event_size=MAX_HEAD)
+        self.raw_head = bytearray()  # bytes received before the current event completed
+
+    def next_event(self) -> Any:
+        while True:
+            event = self.h.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            try:
+                data = self.sock.recv(RECV)
+            except (TimeoutError, ssl.SSLError, OSError):
+                data = b""
+            if len(self.raw_head) < MAX_HEAD + 1:
+                self.raw_head += data[: MAX_HEAD + 1 - len(self.raw_head)]
+            self.h.receive_data(data)
+
+    def send(self, event: h11.Event) -> int:
+        data = self.h.send(event)
+        if data:
+            self.sock.sendall(data)
+        return len(data or b"")
+
+
+@dataclass
+class _Upstream:
+    key: tuple[str, int, str | None]
+    peer: _Peer
+    scanner: BodyScanner | None = field(default=None)
+
+
+def serve(sock: socket.socket, ctx: Ctx) -> None:
+    """Serve one client connection until it closes, a limit is hit, or a request is refused."""
+    sock.settimeout(ctx.idle)
+    client = _Peer(sock, h11.SERVER)
+    upstream: _Upstream | None = None
+    try:
+        while True:
+            client.raw_head.clear()
+            try:
+                event = client.next_event()
+            except h11.RemoteProtocolError as exc:
+                _refuse_protocol(client, ctx, exc.error_status_hint, str(exc))
+                return
+            if isinstance(event, h11.ConnectionClosed) or event is None:
+                return
+            if not isinstance(event, h11.Request):
+                return
+            keep, upstream = _one_request(client, event, ctx, upstream)
+            if not keep:
+                return
+            if client.h.our_state is h11.MUST_CLOSE or client.h.their_state is h11.MUST_CLOSE:
+                return
+            try:
+                client.h.start_next_cycle()
+            except h11.LocalProtocolError:
+                return
+    finally:
+        if upstream is not None:
+            _close(upstream.peer.sock)
+
+
+def _one_request(
+    client: _Peer, req: h11.Request, ctx: Ctx, upstream: _Upstream | None
+) -> tuple[bool, _Upstream | None]:
+    rec = Record(
+        ctx.guest,
+        ctx.door,
+        ctx.client,
+        ctx.original_dst,
+        tls="inspected" if ctx.tls_name else "plain",
+        sni=ctx.tls_name,
+    )
+    rec.method = req.method.decode("latin-1")
+    try:
+        httphead.check_head(bytes(client.raw_head))
+        target = httphead.judge_request(
+            req.method,
+            req.target,
+            list(req.headers),
+            explicit_proxy=ctx.door == "explicit" and ctx.tls_name is None,
+        )
+    except PeerProtocolError as exc:
+        rec.path = httphead.redact_path(req.target.decode("latin-1", "replace"))
+        rec.decision = deny(Reason.PROTOCOL, exc.message)
+        _answer(client, exc.status_hint, exc.message, rec, ctx)
+        return False, upstream
+    rec.path = target.path
+    if target.kind == "authority":  # CONNECT
+        if ctx.on_connect is None or ctx.tls_name is not None:
+            rec.decision = deny(Reason.PROTOCOL, "CONNECT inside a tunnel")
+            _answer(client, 405, "CONNECT is only for the proxy port", rec, ctx)
+            return False, upstream
+        _connect(client, target.host, target.port, rec, ctx)
+        return False, upstream
+    host = target.host
+    port = target.port or (443 if ctx.tls_name else 80)
+    rec.host, rec.port = host, port
+    if ctx.tls_name is not None and host != ctx.tls_name:
+        rec.decision = deny(Reason.FRONTING, f"SNI {ctx.tls_name} but Host {host}")
+        _answer(client, 421, f"the Host header ({host}) does not match the TLS name", rec, ctx)
+        return False, upstream
+    if ctx.door == "transparent" and ctx.tls_name is None and host is None:
+        rec.decision = deny(Reason.PROTOCOL, "no Host")
+        _answer(client, 400, "a Host header is required", rec, ctx)
+        return False, upstream
+    judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
+    rec.decision = judged.decision
+    if judged.address is None:
+        _answer(
+            client, 403, f"sandgate: {judged.decision.key}: {judged.decision.explain()}", rec, ctx
+        )
+        return True, upstream
+    rec.address = str(judged.address)
+    assert host is not None
+    rewritten = rewrite_headers(
+        list(req.headers), host, ctx.guest.secrets, tls=ctx.tls_name is not None, target=req.target
+    )
+    if rewritten.exfiltration is not None:
+        rec.decision = deny(
+            Reason.EXFILTRATION, f"placeholder of {rewritten.exfiltration!r} to {host}"
+        )
+        _answer(
+            client,
+            403,
+            "sandgate: deny.exfiltration: a placeholder credential may not go here",
+            rec,
+            ctx,
+        )
+        return False, upstream
+    rec.credentials = [f"injected:{n}" for n in rewritten.injected] + [
+        f"dropped:{n}" for n in rewritten.dropped
+    ]
+    key = (rec.address, port, ctx.tls_name)
+    if upstream is None or upstream.key != key:
+        if upstream is not None:
+            _close(upstream.peer.sock)
+        try:
+            sock = ctx.dial(rec.address, port, ctx.tls_name)
+        except (OSError, ssl.SSLError) as exc:
+            rec.status, rec.note = 502, f"upstream: {exc}"
+            _answer(
+                client, 502, f"sandgate: cannot reach {host}:{port}: {exc}", rec, ctx, log=False
+            )
+            ctx.emit(rec.flow_key(), rec.event())
+            return False, None
+        upstream = _Upstream(key, _Peer(sock, h11.CLIENT))
+    target_path = origin_form(req.target) if target.kind == "absolute" else req.target
+    headers = [(n, v) for n, v in rewritten.headers if n.lower() not in HOP_BY_HOP]
+    websocket = _wants_websocket(req.headers)
+    if websocket:
+        headers += [(b"connection", b"upgrade"), (b"upgrade", b"websocket")]
+    strangers = tuple(s for s in ctx.guest.secrets if not (ctx.tls_name and s.serves(host)))
+    scanner = BodyScanner(strangers)
+    try:
+        keep = _exchange(
+            client, upstream.peer, req, target_path, headers, rec, scanner, websocket, ctx
+        )
+    except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
+        rec.note = f"aborted: {exc}"
+        keep = False
+    ctx.emit(rec.flow_key(), rec.event())
+    if not keep:
+        _close(upstream.peer.sock)
+        return False, None
+    try:
+        upstream.peer.h.start_next_cycle()
+    except h11.LocalProtocolError:
+        _close(upstream.peer.sock)
+        upstream = None
+    return True, upstream
+
+
+def _exchange(
+    client: _Peer,
+    server: _Peer,
+    req: h11.Request,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    rec: Record,
+    scanner: BodyScanner,
+    websocket: bool,
+    ctx: Ctx,
+) -> bool:
+    """Forward one request and its response, streaming both bodies. True: keep the connection."""
+    server.send(
+        h11.Request(
+            method=req.method, target=target, headers=headers, http_version=req.http_version
+        )
+    )
+    while True:
+        event = client.next_event()
+        if isinstance(event, h11.Data):
+            found = scanner.feed(event.data)
+            if found is not None:
+                rec.decision = deny(Reason.EXFILTRATION, f"placeholder of {found!r} in the body")
+                rec.reason_override = Reason.EXFILTRATION.key
+                rec.status = 403
+                return False
+            rec.bytes_up += len(event.data)
+            server.send(event)
+        elif isinstance(event, h11.EndOfMessage):
+            server.send(event)
+            break
+        else:
+            return False
+    while True:
+        event = server.next_event()
+        if isinstance(event, h11.InformationalResponse):
+            if event.status_code == 101 and websocket:
+                rec.status = 101
+                client.send(
+                    h11.InformationalResponse(
+                        status_code=101, headers=_clean(event.headers), reason=event.reason
+                    )
+                )
+                up, down = _tunnel(client, server)
+                rec.bytes_up += up
+                rec.bytes_down += down
+                return False
+            client.send(event)
+            continue
+        if isinstance(event, h11.Response):
+            rec.status = event.status_code
+            headers = redact_headers(_clean(event.headers), ctx.guest.secrets)
+            if not same_lengths(ctx.guest.secrets):
+                # Redaction may change the body's length: let h11 frame it anew.
+                headers = [(n, v) for n, v in headers if n.lower() != b"content-length"]
+            client.send(
+                h11.Response(
+                    status_code=event.status_code,
+                    headers=headers,
+                    reason=event.reason,
+                    http_version=b"1.1",
+                )
+            )
+            break
+        return False
+    redactor = Redactor(ctx.guest.secrets)
+    while True:
+        event = server.next_event()
+        if isinstance(event, h11.Data):
+            rec.bytes_down += len(event.data)
+            data = redactor.feed(event.data)
+            if data:
+                client.send(h11.Data(data=data))  # at once: never hold a streamed response
+        elif isinstance(event, h11.EndOfMessage):
+            tail = redactor.flush()
+            if tail:
+                client.send(h11.Data(data=tail))
+            client.send(event)
+            return server.h.our_state is h11.DONE and server.h.their_state is h11.DONE
+        else:
+            return False
+
+
+def _connect(client: _Peer, host: str | None, port: int | None, rec: Record, ctx: Ctx) -> None:
+    rec.host, rec.port = host, port
+    assert port is not None and ctx.on_connect is not None
+    judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
+    rec.decision = judged.decision
+    if judged.address is None:
+        _answer(
+            client, 403, f"sandgate: {judged.decision.key}: {judged.decision.explain()}", rec, ctx
+        )
+        return
+    rec.address = str(judged.address)
+    client.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
+    # Whatever the client sent after the CONNECT head belongs to the tunnel.
+    leftover, _ = client.h.trailing_data
+    ctx.on_connect(client.sock, rec, bytes(leftover))
+
+
+def _tunnel(a: _Peer, b: _Peer) -> tuple[int, int]:
+    """Relay raw bytes both ways on possibly-TLS sockets (after a WebSocket upgrade)."""
+    pending_a, _ = a.h.trailing_data
+    pending_b, _ = b.h.trailing_data
+    if pending_a:
+        b.sock.sendall(pending_a)
+    if pending_b:
+        a.sock.sendall(pending_b)
+    return copy_both(a.sock, b.sock, len(pending_a), len(pending_b))
+
+
+def copy_both(
+    a: socket.socket, b: socket.socket, up: int = 0, down: int = 0, idle: float = 300.0
+) -> tuple[int, int]:
+    """One-thread relay that also works for TLS sockets (whose buffered bytes select() misses)."""
+    open_: dict[socket.socket, socket.socket] = {a: b, b: a}
+    while open_:
+        ready: list[socket.socket] = [
+            s for s in open_ if isinstance(s, ssl.SSLSocket) and s.pending()
+        ]
+        if not ready:
+            ready, _, _ = select.select(list(open_), [], [], idle)
+            if not ready:
+                break
+        for src in ready:
+            dst = open_.get(src)
+            if dst is None:
+                continue
+            try:
+                data = src.recv(RECV)
+            except ssl.SSLWantReadError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                del open_[src]
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+                continue
+            dst.sendall(data)
+            if src is a:
+                up += len(data)
+            else:
+                down += len(data)
+    return up, down
+
+
+def _answer(client: _Peer, status: int, text: str, rec: Record, ctx: Ctx, log: bool = True) -> None:
+    rec.status = status
+    body = (text + "\n").encode()
+    reason = rec.decision.key if rec.decision is not None else ""
+    with contextlib.suppress(OSError, h11.LocalProtocolError):
+        client.send(
+            h11.Response(
+                status_code=status,
+                headers=[
+                    (b"content-type", b"text/plain"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"x-sandgate-reason", reason.encode()),
+                    (b"connection", b"close"),
+                ],
+            )
+        )
+        client.send(h11.Data(data=body))
+        client.send(h11.EndOfMessage())
+    if log:
+        ctx.emit(rec.flow_key(), rec.event())
+
+
+def _refuse_protocol(client: _Peer, ctx: Ctx, status: int, text: str) -> None:
+    rec = Record(
+        ctx.guest,
+        ctx.door,
+        ctx.client,
+        ctx.original_dst,
+        tls="inspected" if ctx.tls_name else "plain",
+        sni=ctx.tls_name,
+    )
+    rec.decision = deny(Reason.PROTOCOL, text)
+    body = f"sandgate: malformed request: {text}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} Bad Request\r\ncontent-type: text/plain\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    with contextlib.suppress(OSError):
+        client.sock.sendall(head + body)
+    rec.status = status
+    ctx.emit(rec.flow_key(), rec.event())
+
+
+def _clean(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Response headers for the client: hop-by-hop ones dropped, an upgrade kept."""
+    pairs = list(headers)
+    out = [(n, v) for n, v in pairs if n.lower() not in HOP_BY_HOP]
+    upgrade = [(n, v) for n, v in pairs if n.lower() == b"upgrade"]
+    if upgrade:
+        out += [*upgrade, (b"connection", b"upgrade")]
+    return out
+
+
+def _wants_websocket(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    return any(n.lower() == b"upgrade" and v.lower() == b"websocket" for n, v in headers)
+
+
+def origin_form(target: bytes) -> bytes:
+    """``http://host:port/path?q`` → ``/path?q`` (what the server is sent)."""
+    parts = urlsplit(target.decode("latin-1"))
+    path = parts.path or "/"
+    return (path + (f"?{parts.query}" if parts.query else "")).encode("latin-1")
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()

@@ -1,0 +1,181 @@
+"""The iptables-nft rules that hold a TLS flow's first flight in NFQUEUE until its SNI is judged.
+
+This kernel has no nft ``queue`` expression (CONFIG_NFT_QUEUE is off) but has the xtables NFQUEUE
+target behind nft_compat, which only iptables-nft can write. ``restore_text(gate)`` is the pure
+ruleset; ``install``/``remove`` feed it to ``iptables-nft-restore`` in the *calling thread's*
+network namespace (a child process inherits the namespace of the thread that forks it, so call
+them on an ``NsThread`` or from a process that entered the namespace). They refuse to run in the
+namespace of pid 1: the host's firewall is never touched.
+
+The rules, for ``TlsGate(queue_num=N)`` (D = decided bit, X = denied bit of the marks)::
+
+    *mangle                                   # base chain FORWARD, priority -150 (mangle)
+    -A FORWARD -i g+ -p tcp --dport 443 -m connmark ! --mark D/D -j sg-tls
+    -A sg-tls -m mark --mark D/D -j CONNMARK --save-mark --nfmask D|X --ctmask D|X
+    -A sg-tls -m mark --mark D/D -j RETURN
+    -A sg-tls -m u32 --u32 "<IPv4, ihl 5, total length == 20 + 4*doff>" -j RETURN   (doff 5..15)
+    -A sg-tls -j NFQUEUE --queue-num N        # no --queue-bypass: no reader, no passage
+    *filter                                   # base chain FORWARD, priority 0 (filter)
+    -A FORWARD -p tcp -m connmark --mark X/X -j REJECT --reject-with tcp-reset
+    -A FORWARD -m connmark --mark X/X -j DROP
+
+Why this shape:
+
+* Only packets of flows without the decided ct bit reach the chain; after the verdict every
+  later packet costs one connmark test in the kernel and never leaves it.
+* Segments without payload (the SYN, the handshake's ACK, window updates) skip the queue: the
+  u32 tests prove "no payload" exactly (total length equals the headers), one rule per TCP
+  header length. A length threshold would not do: tiny data segments would slip past it, and a
+  client could send a whole ClientHello that way. Anything the tests cannot prove empty (IP
+  options, payload) is queued.
+* The verdict cannot set the ct mark on this kernel (no NETLINK_GLUE_CT), so the reader answers
+  ``repeat`` with packet mark D (allow) or D|X (deny): the kernel re-runs mangle FORWARD, whose
+  CONNMARK rule copies those bits into the ct mark (masked: other ct mark bits, such as the
+  gateway's 0x80000000 "logged" bit, are kept) and lets the packet go on.
+* Ordering against the gateway's nft ``inet`` forward chain (filter, priority 0): the queue runs
+  at -150, strictly before it, so the gateway sees only released packets and its verdict still
+  applies to them (an accept in one base chain does not skip later ones). The REJECT must live in
+  iptables' filter table (xt REJECT refuses mangle), which has the same priority 0 as the
+  gateway's chain; their relative order is registration order, and either order works: an
+  ``accept`` there is not final, so the REJECT still runs; a ``drop`` there drops the packet
+  anyway (only the reset is lost).
+* IPv4 only: the gateway drops all forwarded IPv6.
+
+``install`` owns the ``ip mangle`` and ``ip filter`` tables of the namespace: a restore replaces
+their contents atomically (both tables in one transaction); ``remove`` restores them empty, which
+iptables-nft turns into deleting both tables (their hooks go away too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from sandgate.errors import NetError, SetupError
+
+__all__ = [
+    "DECIDED",
+    "DENIED",
+    "TlsGate",
+    "install",
+    "removal_text",
+    "remove",
+    "restore_text",
+]
+
+DECIDED = 0x40000000  # ct mark / packet mark: this flow has its verdict, skip the queue
+DENIED = 0x20000000  # ct mark / packet mark: the verdict was deny, reset the flow
+
+RESTORE = "iptables-nft-restore"
+PROC_NET_INIT_INO = 0xEFFFFFF9  # the inode of the initial network namespace, fixed by the kernel
+_TCP_DOFF = range(5, 16)  # TCP header length in 32-bit words
+
+
+@dataclass(frozen=True, slots=True)
+class TlsGate:
+    """What to hold: TCP to ``dport`` entering on ``iface`` (an iptables name, ``+`` = prefix)."""
+
+    queue_num: int
+    iface: str = "g+"
+    dport: int = 443
+    decided: int = DECIDED
+    denied: int = DENIED
+    chain: str = "sg-tls"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.queue_num <= 0xFFFF:
+            raise ValueError(f"queue number {self.queue_num} out of range 0..65535")
+        if not self.decided or self.decided & self.denied or self.decided & (self.decided - 1):
+            raise ValueError("decided must be one bit, distinct from denied")
+        if not self.denied or self.denied & (self.denied - 1):
+            raise ValueError("denied must be one bit")
+        for text in (self.iface, self.chain):
+            if not text or not all(c.isalnum() or c in "+-_." for c in text):
+                raise ValueError(f"{text!r} is not a plain interface or chain name")
+
+    def allow_mark(self, mark: int) -> int:
+        """The packet mark an allow verdict sets (``mark``'s other bits kept)."""
+        return (mark & ~self.denied) | self.decided
+
+    def deny_mark(self, mark: int) -> int:
+        """The packet mark a deny verdict sets."""
+        return mark | self.decided | self.denied
+
+
+def _pure_segment_tests() -> list[str]:
+    # u32: bytes 0-3 = version/ihl, tos, total length; with ihl 5 the TCP header starts at 20,
+    # so its data-offset nibble is the top of the word at 32. Equal lengths mean no payload.
+    return [f"0>>24=0x45&&0&0xFFFF={20 + 4 * d}&&32>>28={d}" for d in _TCP_DOFF]
+
+
+def restore_text(gate: TlsGate) -> str:
+    """The ``iptables-nft-restore`` input for ``gate`` (module docstring explains each rule)."""
+    d, x, c = gate.decided, gate.denied, gate.chain
+    both = d | x
+    lines = [
+        "*mangle",
+        ":PREROUTING ACCEPT [0:0]",
+        ":INPUT ACCEPT [0:0]",
+        ":FORWARD ACCEPT [0:0]",
+        ":OUTPUT ACCEPT [0:0]",
+        ":POSTROUTING ACCEPT [0:0]",
+        f":{c} - [0:0]",
+        f"-A FORWARD -i {gate.iface} -p tcp --dport {gate.dport}"
+        f" -m connmark ! --mark {d:#x}/{d:#x} -j {c}",
+        f"-A {c} -m mark --mark {d:#x}/{d:#x}"
+        f" -j CONNMARK --save-mark --nfmask {both:#x} --ctmask {both:#x}",
+        f"-A {c} -m mark --mark {d:#x}/{d:#x} -j RETURN",
+        *(f'-A {c} -m u32 --u32 "{test}" -j RETURN' for test in _pure_segment_tests()),
+        f"-A {c} -j NFQUEUE --queue-num {gate.queue_num}",
+        "COMMIT",
+        "*filter",
+        ":INPUT ACCEPT [0:0]",
+        ":FORWARD ACCEPT [0:0]",
+        ":OUTPUT ACCEPT [0:0]",
+        f"-A FORWARD -p tcp -m connmark --mark {x:#x}/{x:#x} -j REJECT --reject-with tcp-reset",
+        f"-A FORWARD -m connmark --mark {x:#x}/{x:#x} -j DROP",
+        "COMMIT",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def removal_text() -> str:
+    """Both tables with nothing in them: iptables-nft deletes the tables."""
+    return "*mangle\nCOMMIT\n*filter\nCOMMIT\n"
+
+
+def _check_not_host() -> None:
+    here = os.stat("/proc/thread-self/ns/net")
+    hosts = {PROC_NET_INIT_INO}
+    with contextlib.suppress(OSError):  # unreadable when pid 1 is not dumpable
+        hosts.add(os.stat("/proc/1/ns/net").st_ino)
+    if here.st_ino in hosts:
+        raise NetError(
+            "refusing to run iptables in the host's network namespace",
+            "call it on an NsThread inside the gateway namespace",
+        )
+
+
+def _restore(text: str) -> None:
+    _check_not_host()
+    if shutil.which(RESTORE) is None:
+        raise SetupError(f"{RESTORE} not found", "apt-get install iptables")
+    # The child inherits this thread's network namespace (fork copies the caller's namespaces).
+    done = subprocess.run(
+        [RESTORE], input=text, capture_output=True, text=True, check=False, timeout=30
+    )
+    if done.returncode != 0:
+        raise NetError(f"{RESTORE} failed: {done.stderr.strip()}")
+
+
+def install(gate: TlsGate) -> None:
+    """Replace the namespace's ``ip mangle``/``ip filter`` rules with ``gate``'s, atomically."""
+    _restore(restore_text(gate))
+
+
+def remove() -> None:
+    """Delete the namespace's ``ip mangle``/``ip filter`` tables: nothing is queued any more."""
+    _restore(removal_text())
