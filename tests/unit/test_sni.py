@@ -149,7 +149,8 @@ def stdlib_hello(server_hostname: str | None, alpn: list[str] | None = None,
         ctx.set_alpn_protocols(alpn)
     if maximum is not None:
         ctx.maximum_version = maximum
-    tls = ctx.wrap_bio(ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname=server_hostname)
+    outgoing = ssl.MemoryBIO()
+    tls = ctx.wrap_bio(ssl.MemoryBIO(), outgoing, server_hostname=server_hostname)
     with pytest.raises(ssl.SSLWantReadError):
         tls.do_handshake()
     return outgoing.read()
@@ -257,7 +258,8 @@ def test_stdlib_hello(server_hostname: str | None, sni: str | None, alpn: list[s
 
 
 @pytest.mark.parametrize(("server_hostname", "sni"), HOSTNAMES[:4] + HOSTNAMES[8:9])
-def test_stdlib_hello_every_prefix_and_trailer(server_hostname: str | None, sni: str | None) -> None:
+def test_stdlib_hello_every_prefix_and_trailer(server_hostname: str | None,
+                                               sni: str | None) -> None:
     buf = stdlib_hello(server_hostname, ["h2", "http/1.1"])
     expected = parse(buf)
     assert expected.sni == sni
@@ -342,13 +344,14 @@ def test_size_cap() -> None:
     buf = records(padded(65516), [2**14] * 3)
     assert len(buf) == MAX_HELLO_BYTES
     assert parse(buf).raw_len == MAX_HELLO_BYTES
-    assert "exceed" in malformed(records(padded(65517), [2**14] * 3))
+    assert "records exceed the limit" in malformed(records(padded(65517), [2**14] * 3))
     # A handshake header that claims too much is refused as soon as it arrives.
     assert "limit" in malformed(b"\x16\x03\x01\x40\x00\x01\x00\xff\xfc")
     assert isinstance(parse_client_hello(b"\x16\x03\x01\x40\x00\x01\x00\xff\xeb"), NeedMore)
     # 1-byte records blow through the cap long before the message is complete.
     buf = records(padded(20_000), [1] * 20_000)
-    assert "exceed" in malformed(buf)
+    assert "record headers exceeds the limit" in malformed(buf)
+    assert "record headers exceeds the limit" in malformed(buf[: 6 * 9200])
 
 
 # -- ClientHello body ------------------------------------------------------------------------------
@@ -376,7 +379,8 @@ def test_refused_bodies(message: bytes, reason: str) -> None:
 
 def test_hello_without_extensions() -> None:
     result = parse(records(handshake(version=0x0300, with_ext_block=False)))
-    assert (result.sni, result.alpn, result.versions, result.extensions) == (None, (), (0x0300,), ())
+    assert (result.sni, result.alpn, result.extensions) == (None, (), ())
+    assert result.versions == (0x0300,)
 
 
 def test_grease_is_skipped_in_versions_and_kept_in_lists() -> None:
@@ -511,7 +515,8 @@ def test_refused_server_name_extensions(data: bytes, reason: str) -> None:
 @pytest.mark.parametrize("ech_type", [EXT_ECH, EXT_ESNI_DRAFT])
 def test_ech_is_reported_and_the_outer_name_is_the_sni(ech_type: int) -> None:
     # An ECHClientHello of type outer: suite, config id, enc, payload (contents opaque here).
-    outer = b"\x00" + bytes.fromhex("0001 0001") + b"\x2a" + u16(32) + bytes(32) + u16(16) + bytes(16)
+    outer = b"\x00" + bytes.fromhex("0001 0001") + b"\x2a"
+    outer += u16(32) + bytes(32) + u16(16) + bytes(16)
     result = parse(hello(sni_host(b"cloudflare-ech.com"), ext(ech_type, outer)))
     assert (result.sni, result.has_ech) == ("cloudflare-ech.com", True)
     assert not parse(hello(sni_host(b"cloudflare-ech.com"))).has_ech

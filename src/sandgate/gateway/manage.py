@@ -41,7 +41,7 @@ class GatewayHandle:
         return _alive(self.pid)
 
 
-def start(cfg: GatewayConfig) -> GatewayHandle:
+def start(cfg: GatewayConfig, env: dict[str, str] | None = None) -> GatewayHandle:
     """Start a daemon for ``cfg`` and wait until it serves."""
     directory = run_dir(cfg.instance)
     directory.mkdir(parents=True, exist_ok=True)
@@ -58,6 +58,7 @@ def start(cfg: GatewayConfig) -> GatewayHandle:
         stderr=log,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
     log.close()
     assert proc.stdout is not None

@@ -4,7 +4,8 @@
 addresses, ports, TCP sequence number and flags, and where the TCP/UDP payload starts.
 ``pack_verdict``/``pack_verdict_batch`` build the answers. ``NfqueueSocket`` is the I/O edge: it
 binds one queue number in one network namespace, reads packets and sends verdicts.
-``StreamPrefix`` reassembles the start of a TCP stream from held segments (split ClientHello).
+``StreamPrefix`` reassembles the start of a TCP stream from held segments (a split ClientHello)
+and ``FirstFlights`` decides, per flow, which held packets to release with which verdict.
 
 What the kernel does (6.18, read from net/netfilter/nfnetlink_queue.c and checked in
 tests/kernel/test_nfqueue.py):
@@ -37,7 +38,10 @@ import itertools
 import os
 import socket
 import struct
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from types import TracebackType
 from typing import NamedTuple
 
@@ -61,10 +65,13 @@ __all__ = [
     "NF_ACCEPT",
     "NF_DROP",
     "NF_REPEAT",
+    "Action",
+    "FirstFlights",
     "NfqueueSocket",
     "QueuedPacket",
     "StreamPrefix",
     "config_attrs",
+    "flags_attrs",
     "pack_verdict",
     "pack_verdict_batch",
     "parse_nfqueue",
@@ -335,7 +342,9 @@ def _transport(p: bytes, proto: int, src: str, dst: str, l4: int, end: int) -> _
     if proto == IPPROTO_UDP and l4 + 8 <= len(p):
         sport, dport = struct.unpack_from("!HH", p, l4)
         start = l4 + 8
-        return _Heads(proto, src, dst, sport, dport, data_offset=start, data_len=max(0, end - start))
+        return _Heads(
+            proto, src, dst, sport, dport, data_offset=start, data_len=max(0, end - start)
+        )
     return _Heads(proto, src, dst)
 
 
@@ -384,7 +393,8 @@ def config_attrs(*, copy_range: int, maxlen: int) -> bytes:
         [
             pack_attr(NFQA_CFG_CMD, _CFG_CMD.pack(NFQNL_CFG_CMD_BIND, socket.AF_UNSPEC)),
             pack_attr(
-                NFQA_CFG_PARAMS, _CFG_PARAMS.pack(min(copy_range, MAX_COPY_RANGE), NFQNL_COPY_PACKET)
+                NFQA_CFG_PARAMS,
+                _CFG_PARAMS.pack(min(copy_range, MAX_COPY_RANGE), NFQNL_COPY_PACKET),
             ),
             pack_attr(NFQA_CFG_QUEUE_MAXLEN, _U32.pack(maxlen)),
         ]
@@ -446,6 +456,108 @@ class StreamPrefix:
         """The bytes received without a gap from the start."""
         gap = self._have.find(0)
         return bytes(self._buf if gap < 0 else self._buf[:gap])
+
+
+class Action(Enum):
+    """What to do with a held packet. ``PASS``: release without deciding the flow."""
+
+    PASS = "pass"
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+Judge = Callable[[bytes], "bool | None"]  # the first flight's bytes -> allow, deny, need more
+
+
+@dataclass(slots=True)
+class _Held:
+    prefix: StreamPrefix
+    packets: list[QueuedPacket]
+    since: float
+
+
+class FirstFlights:
+    """Holds each TCP flow's data segments until ``judge`` can decide from the stream's start.
+
+    Pure: ``feed(packet, now)`` returns ``(packet, Action)`` pairs to apply now, in sequence
+    order. ``[]`` means hold (the first flight is incomplete). Once ``judge`` returns True or
+    False every held packet of the flow is released with ALLOW or DENY. Deny, never hold forever:
+    ``judge`` raising, a flight longer than ``limit``, segments that disagree or precede the
+    assumed start, more than ``max_flows`` flows in the air, and (via ``expire``) flows held
+    longer than ``timeout`` seconds. A segment of a recently decided flow that lies inside the
+    judged bytes (a retransmission queued before the ct mark was set) gets the same verdict; any
+    other segment starts a new flow, so a reused 4-tuple is judged afresh.
+    """
+
+    def __init__(
+        self,
+        judge: Judge,
+        *,
+        limit: int = 16384,
+        timeout: float = 5.0,
+        max_flows: int = 1024,
+        remember: int = 4096,
+    ) -> None:
+        self.judge = judge
+        self.limit = limit
+        self.timeout = timeout
+        self.max_flows = max_flows
+        self.remember = remember
+        self._held: dict[tuple[object, ...], _Held] = {}
+        self._done: OrderedDict[tuple[object, ...], tuple[Action, int, int]] = OrderedDict()
+
+    @property
+    def holding(self) -> int:
+        """Packets held now."""
+        return sum(len(h.packets) for h in self._held.values())
+
+    def feed(self, p: QueuedPacket, now: float) -> list[tuple[QueuedPacket, Action]]:
+        if p.tcp_seq is None:
+            return [(p, Action.DENY)]  # not TCP we can read: the rules queue nothing else
+        if not p.data:
+            return [(p, Action.PASS)]  # no bytes to judge, none to leak
+        key = p.flow
+        done = self._done.get(key)
+        if done is not None and key not in self._held:
+            action, start, end = done
+            if (p.tcp_seq - start) & 0xFFFFFFFF < end and (
+                (p.tcp_seq + len(p.data) - start) & 0xFFFFFFFF
+            ) <= end:
+                return [(p, action)]
+        held = self._held.get(key)
+        if held is None:
+            if len(self._held) >= self.max_flows:
+                return [(p, Action.DENY)]
+            held = self._held[key] = _Held(StreamPrefix(limit=self.limit), [], now)
+        held.packets.append(p)
+        held.prefix.add(p.tcp_seq, p.data)
+        prefix = held.prefix
+        verdict: bool | None = False
+        if not (prefix.out_of_order or prefix.conflict or prefix.overflow):
+            try:
+                verdict = self.judge(prefix.contiguous())
+            except Exception:  # a broken judge denies, it never lets the flow through
+                verdict = False
+        if verdict is None:
+            return []
+        return self._release(key, Action.ALLOW if verdict else Action.DENY)
+
+    def expire(self, now: float) -> list[tuple[QueuedPacket, Action]]:
+        """Deny every flow held ``timeout`` seconds or more."""
+        old = [k for k, h in self._held.items() if now - h.since >= self.timeout]
+        return [pair for k in old for pair in self._release(k, Action.DENY)]
+
+    def _release(
+        self, key: tuple[object, ...], action: Action
+    ) -> list[tuple[QueuedPacket, Action]]:
+        held = self._held.pop(key)
+        start = held.prefix.start or 0
+        self._done[key] = (action, start, len(held.prefix.contiguous()))
+        self._done.move_to_end(key)
+        while len(self._done) > self.remember:
+            self._done.popitem(last=False)
+        ordered = sorted(held.packets, key=lambda q: ((q.tcp_seq or 0) - start) & 0xFFFFFFFF)
+        return [(q, action) for q in ordered]
 
 
 class NfqueueSocket:
@@ -512,9 +624,7 @@ class NfqueueSocket:
             raise
 
     def _request(self, attrs: bytes) -> None:
-        self._nl.request(
-            _MSG_CONFIG, family=socket.AF_UNSPEC, res_id=self.queue_num, attrs=attrs
-        )
+        self._nl.request(_MSG_CONFIG, family=socket.AF_UNSPEC, res_id=self.queue_num, attrs=attrs)
 
     @classmethod
     def in_netns(cls, netns_path: str, queue_num: int, **kw: int | bool) -> NfqueueSocket:

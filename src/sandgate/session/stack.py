@@ -62,7 +62,10 @@ def bring_up(
         info = tw.up() if tw is not None else None
         if tw is not None:
             cleanup.record_pids(f"world-{name}", [s.proc.pid for s in tw.servers])
-        handle = manage.start(gateway_config(name, info, store, **gateway_extra))
+        handle = manage.start(
+            gateway_config(name, info, store, **gateway_extra),
+            env=info.gateway_env if info is not None else None,
+        )
         if info is not None:
             (run_dir(name) / "world.json").write_text(
                 json.dumps(dataclasses.asdict(info), default=str, indent=2)
@@ -161,4 +164,5 @@ def load_world(path: Path) -> WorldInfo | None:
         policy=Path(raw["policy"]),
         logs={k: Path(v) for k, v in raw["logs"].items()},
         namespaces=tuple(raw["namespaces"]),
+        gateway_env=raw.get("gateway_env", {}),
     )

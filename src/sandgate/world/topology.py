@@ -17,6 +17,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 from sandgate.gateway.config import Uplink
 from sandgate.net import ns
 from sandgate.world.ca import CA, make_ca, write_pair
+from sandgate.world.fixtures import build_fixtures
 from sandgate.world.servers.launch import Running, start
 
 LAN = ipaddress.IPv4Network("10.77.0.0/24")
@@ -41,6 +43,7 @@ TRANSIT = ("10.77.255.1/30", "10.77.255.2/30")
 PUBLIC = ("203.0.113.0/24", "198.51.100.0/24")
 RESOLVER = "198.51.100.53"
 PUBLIC_IP = "198.51.100.10"  # a "hardcoded public IP" with a web server on it
+OPENAI = "203.0.113.50"  # api.openai.com: a model server that requires the world's API key
 
 # name -> address of the "public" hosts. Enough for report 000's tasks and the probes.
 HOSTS: dict[str, str] = {
@@ -55,7 +58,7 @@ HOSTS: dict[str, str] = {
     "gist.github.com": "203.0.113.33",
     "evil.example": "203.0.113.40",
     "exfil.evil.example": "203.0.113.40",
-    "api.openai.com": "203.0.113.50",
+    "api.openai.com": OPENAI,
     "wttr.in": "203.0.113.60",
     "api.open-meteo.com": "203.0.113.61",
     "llmbits.com": "203.0.113.70",
@@ -86,6 +89,8 @@ class WorldInfo:
     policy: Path
     logs: dict[str, Path]
     namespaces: tuple[str, ...]
+    # The "real" credentials of the world's hosted APIs, for the gateway's environment only.
+    gateway_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +100,7 @@ class TestWorld:
     servers: list[Running] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     info: WorldInfo | None = None
+    api_key: str = ""
 
     def ns(self, role: str) -> str:
         return f"sg-{self.instance}-{role}"
@@ -119,7 +125,9 @@ class TestWorld:
         ca = make_ca(f"sandgate test world {self.instance}", days=30)
         ca_dir = self.base / "ca"
         write_pair(ca_dir, "ca", ca.cert_pem, ca.key_pem)
-        logs = {k: self.base / f"{k}.jsonl" for k in ("dns", "web", "model", "nas")}
+        logs = {k: self.base / f"{k}.jsonl" for k in ("dns", "web", "model", "nas", "openai")}
+        self.api_key = "sk-world-" + secrets.token_hex(20)
+        build_fixtures(self.base)
         self._start_servers(ca, ca_dir, logs, wan, model, nas)
         policy = self.base / "testworld.toml"
         policy.write_bytes(
@@ -140,6 +148,7 @@ class TestWorld:
             policy=policy,
             logs=logs,
             namespaces=tuple(self.namespaces),
+            gateway_env={"OPENAI_API_KEY": self.api_key},
         )
         return self.info
 
@@ -238,9 +247,10 @@ class TestWorld:
             "tls_names": ["dns.example.net"],
             "zones": _zones(),
         }
+        web_ips = sorted({*HOSTS.values(), PUBLIC_IP} - {RESOLVER, OPENAI})
         web_cfg = {
-            "http": [f"{a}:80" for a in sorted({*HOSTS.values(), PUBLIC_IP} - {RESOLVER})],
-            "https": [f"{a}:443" for a in sorted({*HOSTS.values(), PUBLIC_IP} - {RESOLVER})],
+            "http": [f"{a}:80" for a in web_ips],
+            "https": [f"{a}:443" for a in web_ips],
             "ca_dir": str(ca_dir),
             "h2": True,
             "vhosts": _vhosts(self.base),
@@ -250,6 +260,16 @@ class TestWorld:
         self.servers.append(
             self._start("model", {"listen": [f"{MODEL}:{MODEL_PORT}"]}, logs["model"], model)
         )
+        # A hosted model API that wants a key: what placeholder credentials are swapped for.
+        openai_cfg = {
+            "listen": [f"{OPENAI}:80"],
+            "tls_listen": [f"{OPENAI}:443"],
+            "tls_names": ["api.openai.com"],
+            "ca_dir": str(ca_dir),
+            "require_key": [self.api_key],
+            "model": "gpt-sandgate",
+        }
+        self.servers.append(self._start("model", openai_cfg, logs["openai"], wan, label="openai"))
         self.servers.append(
             self._start(
                 "listen",
@@ -259,9 +279,11 @@ class TestWorld:
             )
         )
 
-    def _start(self, server: str, config: dict[str, Any], log: Path, netns: str) -> Running:
+    def _start(
+        self, server: str, config: dict[str, Any], log: Path, netns: str, label: str | None = None
+    ) -> Running:
         assert self.base is not None
-        path = self.base / f"{server}.json"
+        path = self.base / f"{label or server}.json"
         path.write_text(json.dumps(config, indent=2))
         return start(
             server, ["--config", str(path), "--log", str(log)], prefix=ns.nsenter_argv(netns)

@@ -171,7 +171,10 @@ def _check_handshake_header(fragments: bytes, raw_so_far: int) -> int | None:
     total = _HANDSHAKE_HEADER + int.from_bytes(fragments[1:4], "big")
     # Each record header adds 5 bytes on top of the message; count the ones seen so far.
     if total + raw_so_far > MAX_HELLO_BYTES:
-        raise Malformed(f"ClientHello of {total} bytes; the limit is {MAX_HELLO_BYTES}")
+        raise Malformed(
+            f"ClientHello of {total} bytes and {raw_so_far} bytes of record headers "
+            f"exceeds the limit of {MAX_HELLO_BYTES}"
+        )
     return total
 
 
@@ -190,7 +193,7 @@ def _reassemble(buf: bytes) -> tuple[bytes, int] | NeedMore:
         headers_seen += _RECORD_HEADER
         end = pos + _RECORD_HEADER + int.from_bytes(header[3:5], "big")
         if end > MAX_HELLO_BYTES:
-            raise Malformed(f"ClientHello records exceed {MAX_HELLO_BYTES} bytes")
+            raise Malformed(f"ClientHello records exceed the limit of {MAX_HELLO_BYTES} bytes")
         partial = bytes(fragments) + buf[pos + _RECORD_HEADER : end]
         total = _check_handshake_header(partial, headers_seen)
         if end > len(buf):

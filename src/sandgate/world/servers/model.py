@@ -30,12 +30,16 @@ import argparse
 import asyncio
 import json
 import secrets
+import shutil
+import ssl
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandgate.world.ca import CA, write_pair
 from sandgate.world.servers.chatwire import (
     Script,
     choose_reply,
@@ -68,6 +72,10 @@ DEFAULT_PORT = 8000
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     listen: list[str] = Field(min_length=1)
+    # HTTPS listeners (e.g. the test world's api.openai.com), with a leaf from the CA in ca_dir.
+    tls_listen: list[str] = []
+    tls_names: list[str] = []
+    ca_dir: str | None = None
     log: str | None = None
     model: str = "sg-test-model"
     token_delay_ms: float = 0.0
@@ -203,12 +211,31 @@ async def serve(config: ModelConfig, stop: asyncio.Event) -> None:
     server = ModelServer(config, log)
     addrs = [parse_addr(a, DEFAULT_PORT) for a in config.listen]
     servers = await start_http(addrs, server.handle, log)
+    if config.tls_listen:
+        servers += await start_http(
+            [parse_addr(a, 443) for a in config.tls_listen], server.handle, log, _tls(config)
+        )
     listen = bound_addrs(servers)
     log.write("ready", listen=listen)
     announce_ready("model", listen=listen, model=config.model)
     await stop.wait()
     await close_servers(servers)
     log.close()
+
+
+def _tls(config: ModelConfig) -> ssl.SSLContext:
+    if not config.ca_dir:
+        raise SystemExit("model server: tls_listen needs ca_dir")
+    ca = CA.load(config.ca_dir)
+    ips = [parse_addr(a, 443)[0] for a in config.tls_listen]
+    cert_pem, key_pem = ca.issue(config.tls_names, ips)
+    folder = Path(tempfile.mkdtemp(prefix="sg-model-tls-"))
+    cert, key = write_pair(folder, "leaf", cert_pem + ca.cert_pem, key_pem)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    ctx.set_alpn_protocols(["http/1.1"])
+    shutil.rmtree(folder)
+    return ctx
 
 
 def main(argv: list[str] | None = None) -> int:
