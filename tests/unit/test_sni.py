@@ -111,9 +111,14 @@ def sni_host(name: bytes) -> bytes:
     return sni_ext((0, name))
 
 
-def handshake(*extensions: bytes, version: int = 0x0303, session_id: bytes = b"",
-              suites: bytes = b"\x13\x01", compression: bytes = b"\x00",
-              with_ext_block: bool = True) -> bytes:
+def handshake(
+    *extensions: bytes,
+    version: int = 0x0303,
+    session_id: bytes = b"",
+    suites: bytes = b"\x13\x01",
+    compression: bytes = b"\x00",
+    with_ext_block: bool = True,
+) -> bytes:
     body = u16(version) + bytes(32) + bytes([len(session_id)]) + session_id
     body += u16(len(suites)) + suites + bytes([len(compression)]) + compression
     if with_ext_block:
@@ -122,8 +127,9 @@ def handshake(*extensions: bytes, version: int = 0x0303, session_id: bytes = b""
     return b"\x01" + len(body).to_bytes(3, "big") + body
 
 
-def records(message: bytes, sizes: list[int] | None = None, version: int = 0x0301,
-            content_type: int = 0x16) -> bytes:
+def records(
+    message: bytes, sizes: list[int] | None = None, version: int = 0x0301, content_type: int = 0x16
+) -> bytes:
     """Wrap ``message`` in records of the given sizes (the last takes the rest)."""
     out, pos = b"", 0
     for size in [*(sizes or []), len(message)]:
@@ -139,8 +145,11 @@ def hello(*extensions: bytes, **kwargs: object) -> bytes:
     return records(handshake(*extensions, **kwargs))  # type: ignore[arg-type]
 
 
-def stdlib_hello(server_hostname: str | None, alpn: list[str] | None = None,
-                 maximum: ssl.TLSVersion | None = None) -> bytes:
+def stdlib_hello(
+    server_hostname: str | None,
+    alpn: list[str] | None = None,
+    maximum: ssl.TLSVersion | None = None,
+) -> bytes:
     """A real ClientHello from the stdlib's OpenSSL, with no network."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
@@ -241,8 +250,12 @@ VERSIONS = [None, ssl.TLSVersion.TLSv1_2]
 @pytest.mark.parametrize(("server_hostname", "sni"), HOSTNAMES)
 @pytest.mark.parametrize("alpn", ALPNS)
 @pytest.mark.parametrize("maximum", VERSIONS)
-def test_stdlib_hello(server_hostname: str | None, sni: str | None, alpn: list[str] | None,
-                      maximum: ssl.TLSVersion | None) -> None:
+def test_stdlib_hello(
+    server_hostname: str | None,
+    sni: str | None,
+    alpn: list[str] | None,
+    maximum: ssl.TLSVersion | None,
+) -> None:
     buf = stdlib_hello(server_hostname, alpn, maximum)
     result = parse(buf)
     assert result.sni == sni
@@ -258,8 +271,9 @@ def test_stdlib_hello(server_hostname: str | None, sni: str | None, alpn: list[s
 
 
 @pytest.mark.parametrize(("server_hostname", "sni"), HOSTNAMES[:4] + HOSTNAMES[8:9])
-def test_stdlib_hello_every_prefix_and_trailer(server_hostname: str | None,
-                                               sni: str | None) -> None:
+def test_stdlib_hello_every_prefix_and_trailer(
+    server_hostname: str | None, sni: str | None
+) -> None:
     buf = stdlib_hello(server_hostname, ["h2", "http/1.1"])
     expected = parse(buf)
     assert expected.sni == sni
@@ -287,7 +301,7 @@ def test_stdlib_hello_in_one_byte_records() -> None:
         assert isinstance(parse_client_hello(buf[:cut]), NeedMore)
 
 
-# -- record layer ---------------------------------------------------------------------------------
+# -- record layer ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("version", [0x0300, 0x0301, 0x0302, 0x0303, 0x0304])
@@ -621,9 +635,7 @@ _EXTENSION_TYPES = st.integers(1, 0xFFFF).filter(lambda t: t != EXT_SERVER_NAME)
     st.dictionaries(_EXTENSION_TYPES, st.binary(max_size=40), max_size=8),
     st.lists(st.integers(1, 60), max_size=5),
 )
-def test_fuzz_no_sni_extension_means_no_sni(
-    extensions: dict[int, bytes], sizes: list[int]
-) -> None:
+def test_fuzz_no_sni_extension_means_no_sni(extensions: dict[int, bytes], sizes: list[int]) -> None:
     # Extension payloads may even spell server_name data; only extension 0 counts.
     message = handshake(*(ext(t, d) for t, d in extensions.items()))
     result = _outcome(records(message, sizes))
@@ -634,8 +646,9 @@ def test_fuzz_no_sni_extension_means_no_sni(
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.from_regex(re.compile(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\.[a-z]{2,10}){1,3}"),
-                  fullmatch=True),
+    st.from_regex(
+        re.compile(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\.[a-z]{2,10}){1,3}"), fullmatch=True
+    ),
     st.lists(st.integers(1, 80), max_size=6),
 )
 def test_fuzz_fragmentation_never_changes_the_name(name: str, sizes: list[int]) -> None:

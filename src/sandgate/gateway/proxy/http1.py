@@ -15,6 +15,7 @@ import socket
 import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -420,9 +421,11 @@ def _refuse_protocol(client: _Peer, ctx: Ctx, status: int, text: str) -> None:
         sni=ctx.tls_name,
     )
     rec.decision = deny(Reason.PROTOCOL, text)
+    # A refusal is the client's fault: always a 4xx (h11 suggests 501 for unknown codings).
+    status = status if 400 <= status < 500 else 400
     body = f"sandgate: malformed request: {text}\n".encode()
     head = (
-        f"HTTP/1.1 {status} Bad Request\r\ncontent-type: text/plain\r\n"
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     ).encode()
     with contextlib.suppress(OSError):

@@ -29,8 +29,8 @@ Rules a reviewer should know:
 - ``Upgrade: h2c`` is refused: an upgraded cleartext HTTP/2 connection would carry requests
   this module never sees (h2c smuggling).
 - No fragment (``#``) and no userinfo in a target; absolute URLs are http or https only.
-- ``Content_Length``, ``Transfer_Encoding`` and ``Host`` spelt with ``_`` are refused: CGI-style
-  servers map ``_`` and ``-`` to one variable, so the server would frame what the proxy ignored.
+- ``Content_Length`` and ``Transfer_Encoding`` are refused: CGI-style servers map ``_`` and
+  ``-`` to one variable, so the server would frame a body the proxy did not see.
 
 Pure: no sockets.
 """
@@ -123,7 +123,7 @@ def _show(value: bytes | str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
-# -- bytes ---------------------------------------------------------------------------------------
+# -- bytes -----------------------------------------------------------------------------------------
 
 _HEAD_END = re.compile(rb"\n\r?\n")  # h11's own end-of-head test (it accepts bare LF)
 _BARE_LF = re.compile(rb"(?<!\r)\n")
@@ -187,14 +187,14 @@ def check_head(raw_head: bytes) -> None:
             _refuse(f"{lower.decode().title()} header given {seen[lower]} times")
 
 
-# -- parsed request ------------------------------------------------------------------------------
+# -- parsed request --------------------------------------------------------------------------------
 
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _TOKEN_LIST = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+([ \t]*,[ \t]*[!#$%&'*+.^_`|~0-9A-Za-z-]+)*")
 _DIGITS = re.compile(rb"[0-9]+")
 _SCHEME_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _URL_SCHEMES = ("http", "https")
-_FRAMING_NAMES = (b"content-length", b"transfer-encoding", b"host")
+_FRAMING_NAMES = (b"content-length", b"transfer-encoding")
 
 
 def _check_framing(headers: Sequence[tuple[bytes, bytes]], http_version: bytes) -> None:
@@ -255,8 +255,9 @@ def _host_str(host: Host) -> str:
     return host.name if isinstance(host, NameHost) else str(host.address)
 
 
-def _agree(header: tuple[Host, int | None] | None, host: Host, port: int | None,
-           default_port: int | None) -> None:
+def _agree(
+    header: tuple[Host, int | None] | None, host: Host, port: int | None, default_port: int | None
+) -> None:
     """A Host header must name what the target names (else: domain fronting)."""
     if header is None:
         return
@@ -276,11 +277,24 @@ def _log_path(path: str) -> str:
     return base + "?…" if question else base
 
 
-def _target(kind: TargetKind, scheme: str | None, host: Host | None, port: int | None,
-            path: str, path_raw: bytes) -> RequestTarget:
+def _target(
+    kind: TargetKind,
+    scheme: str | None,
+    host: Host | None,
+    port: int | None,
+    path: str,
+    path_raw: bytes,
+) -> RequestTarget:
     address = host.address if isinstance(host, IPHost) else None
-    return RequestTarget(kind, scheme, None if host is None else _host_str(host), port,
-                         _log_path(path), path_raw, address)
+    return RequestTarget(
+        kind,
+        scheme,
+        None if host is None else _host_str(host),
+        port,
+        _log_path(path),
+        path_raw,
+        address,
+    )
 
 
 def _connect(text: str, host_header: tuple[Host, int | None] | None) -> RequestTarget:
@@ -315,8 +329,9 @@ def _connect(text: str, host_header: tuple[Host, int | None] | None) -> RequestT
     return _target("authority", None, host, port, "", b"")
 
 
-def _absolute(text: str, host_header: tuple[Host, int | None] | None,
-              http_version: bytes) -> RequestTarget:
+def _absolute(
+    text: str, host_header: tuple[Host, int | None] | None, http_version: bytes
+) -> RequestTarget:
     scheme = text.partition("://")[0].lower()
     if scheme not in _URL_SCHEMES:
         _refuse(f"URL scheme {scheme!r} not supported; use http:// or https://")

@@ -139,7 +139,7 @@ def parse_client_hello(buf: bytes) -> ClientHello | NeedMore:
     return _parse_body(body, raw_len)
 
 
-# -- record layer -------------------------------------------------------------------------------
+# -- record layer ----------------------------------------------------------------------------------
 
 
 def _check_record_header(header: bytes, first: bool) -> None:
@@ -212,7 +212,7 @@ def _reassemble(buf: bytes) -> tuple[bytes, int] | NeedMore:
             return bytes(fragments[_HANDSHAKE_HEADER:]), pos
 
 
-# -- handshake body -----------------------------------------------------------------------------
+# -- handshake body --------------------------------------------------------------------------------
 
 
 class _Reader:

