@@ -295,3 +295,94 @@ def test_sse_lockstep_through_the_proxy(sandbox: Runner, work: Path, mode: str) 
         if e.details.get("path", "").startswith("/sse") or e.details.get("tls") == "passthrough"
     )
     assert stream.details["tls"] == mode
+
+
+def test_pip_installs_from_the_test_world_index(sandbox: Runner, work: Path) -> None:
+    r = sandbox.sh(
+        f"{VENV_PY} -m venv /tmp/v && /tmp/v/bin/pip install --no-cache-dir -q "
+        "--index-url https://pypi.org/simple/ sandgate-hello > /work/out.txt 2>&1; "
+        "/tmp/v/bin/python -c 'import sandgate_hello; print(sandgate_hello.GREETING)' "
+        ">> /work/out.txt 2>&1",
+        mode="allowlist",
+        workdir=work,
+        timeout=120,
+    )
+    out = (work / "out.txt").read_text()
+    assert "hello from the test world" in out, out
+    hosts = {e.name for e in _http(sandbox, r) if e.verdict == "allow"}
+    assert "pypi.org" in hosts
+
+
+def test_git_clone_over_https(sandbox: Runner, work: Path) -> None:
+    r = sandbox.sh(
+        "git clone -q https://github.com/octocat/Hello-World /work/hw && cat /work/hw/README",
+        mode="allowlist",
+        workdir=work,
+        timeout=60,
+    )
+    assert r.exit_code == 0
+    assert "Hello World" in (work / "hw" / "README").read_text()
+    assert any(e.name == "github.com" and e.verdict == "allow" for e in _http(sandbox, r))
+
+
+def test_websocket_through_inspection(sandbox: Runner, work: Path) -> None:
+    policy = work / "inspect.toml"
+    policy.write_text('[profiles.p]\ninternet = "open"\ninspect = ["example.com"]\n')
+    r, out = _py(
+        sandbox,
+        work,
+        r"""
+        import base64, os, socket, ssl
+        ctx = ssl.create_default_context()
+        s = ctx.wrap_socket(socket.create_connection(("203.0.113.10", 443), timeout=5),
+                            server_hostname="example.com")
+        key = base64.b64encode(os.urandom(16)).decode()
+        s.sendall(("GET /ws HTTP/1.1\r\nHost: example.com\r\nUpgrade: websocket\r\n"
+                   "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                   f"Sec-WebSocket-Key: {key}\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(1)
+        print(head.split(b"\r\n")[0].decode())
+        payload = b"hello through the gateway"
+        mask = os.urandom(4)
+        frame = bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        s.sendall(frame)
+        reply = s.recv(200)
+        print(reply[2:2 + reply[1]].decode())
+    """,
+        mode="open",
+        policy=str(policy),
+    )
+    assert out.splitlines() == ["HTTP/1.1 101 ", "hello through the gateway"], out
+    ws = next(e for e in _http(sandbox, r) if e.details.get("status") == 101)
+    assert ws.details["tls"] == "inspected"
+
+
+def test_garbage_and_slow_clients_do_not_hurt_others(sandbox: Runner, work: Path) -> None:
+    r, out = _py(
+        sandbox,
+        work,
+        r"""
+        import socket, threading, time, requests
+        # A garbage "ClientHello", a truncated one, and a client that says nothing at all.
+        for data in (b"\x16\x03\x01\x00\x05hello", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b""):
+            s = socket.create_connection(("203.0.113.10", 443), timeout=15)
+            if data:
+                s.sendall(data)
+                if len(data) > 12:
+                    s.shutdown(socket.SHUT_WR)
+            try:
+                print("closed" if s.recv(10) == b"" else "data")
+            except (ConnectionResetError, TimeoutError) as exc:
+                print(type(exc).__name__)
+        print(requests.get("https://example.com/", timeout=5, proxies={"https": None}).status_code)
+    """,
+        mode="open",
+        timeout=90,
+    )
+    lines = out.split()
+    assert lines[-1] == "200"
+    assert all(x in ("closed", "ConnectionResetError") for x in lines[:3]), lines
+    refused = [e for e in _http(sandbox, r) if e.reason == "deny.protocol"]
+    assert len(refused) == 3

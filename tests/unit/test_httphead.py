@@ -636,6 +636,9 @@ BAD = [
     ("Host port 0", head("GET / HTTP/1.1", "Host: a.example:0"), False, US, 400),
     ("Host port too big", head("GET / HTTP/1.1", "Host: a.example:65536"), False, US, 400),
     ("Host backslash", head("GET / HTTP/1.1", "Host: a.example\\b"), False, US, 400),
+    ("Host percent-escaped", head("GET / HTTP/1.1", "Host: %61.example"), False, US, 400),
+    ("Host IPv6 zone", head("GET / HTTP/1.1", "Host: [fe80::1%25eth0]"), False, US, 400),
+    ("Host IDN in UTF-8", head("GET / HTTP/1.1", b"Host: b\xc3\xbccher.de"), False, US, 400),
     # fronting: the target names another host than Host
     (
         "absolute-form fronting",
@@ -808,6 +811,27 @@ BAD = [
         400,
     ),
     ("URL without host", head("GET http:///x HTTP/1.1", "Host: a.example"), True, US, 400),
+    (
+        "URL percent-escaped host",
+        head("GET http://%61.example/ HTTP/1.1", "Host: a.example"),
+        True,
+        US,
+        400,
+    ),
+    (
+        "URL bare IPv6",
+        head("GET http://2001:db8::1/ HTTP/1.1", "Host: [2001:db8::1]"),
+        True,
+        US,
+        400,
+    ),
+    (
+        "CONNECT percent-escaped host",
+        head("CONNECT %61.example:443 HTTP/1.1", "Host: a.example"),
+        True,
+        US,
+        400,
+    ),
     ("non-ASCII target", head(b"GET /\xc3\xa9 HTTP/1.1", "Host: a.example"), False, H11, 400),
     # head bytes (RFC 9112 2.2, 5.2)
     (
@@ -1024,6 +1048,7 @@ def test_messages_say_what_is_wrong() -> None:
         (b"GET / HTTP/1.1\r\nHost: a\r\n\r\nbody with \x00 and \n is not head", None),
         (b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\nHost: a\n\n", None),  # pipelined
         (b"GET / HTTP/1.1\r\nHost: a\r\n", None),  # incomplete: what is there is fine
+        (b"GET / HTTP/1.1\r\nHost: a\r", None),  # the LF may still come
         (b"GET / HTTP/1.1\r\nHo\x00st: a\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nHost: a\r\nX: \r\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nHost: a\r\nX\r\n\r\n", 400),  # no colon

@@ -266,12 +266,12 @@ def _fast_question(wire: bytes) -> Question | None:
             break
         if n > 63:  # compression or a bad label type: not in a plain query
             return None
-        label = wire[pos + 1 : pos + 1 + n]
-        if len(label) != n or label.translate(None, _PLAIN):
-            return None
-        labels.append(label.lower())
+        labels.append(wire[pos + 1 : pos + 1 + n])
         pos += 1 + n
     if not labels or pos - 12 > 255 or pos + 4 > size:  # the root: dnspython's path
+        return None
+    text = b".".join(labels)
+    if len(text) != pos - 14 or text.translate(None, _PLAIN):  # cut short, or needs escapes
         return None
     qtype, qclass = _QTAIL.unpack_from(wire, pos)
     pos += 4
@@ -287,9 +287,9 @@ def _fast_question(wire: bytes) -> Question | None:
         edns = True
     elif size != pos:
         return None
-    qname_wire = b"".join(bytes((len(x),)) + x for x in labels) + b"\x00"
-    name = b".".join(labels).decode("ascii")
-    return Question(qid, name, qtype, wire, None, qname_wire, pos, edns)
+    # Label lengths are below 64, so lower() changes only the letters of the labels.
+    qname_wire = wire[12 : pos - 4].lower()
+    return Question(qid, text.lower().decode("ascii"), qtype, wire, None, qname_wire, pos, edns)
 
 
 def _read_name(wire: bytes, pos: int, end: int) -> tuple[bytes, int] | None:

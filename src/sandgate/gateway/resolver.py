@@ -169,8 +169,11 @@ def _rows_agree() -> bool:
 _FAST_ROW = _rows_agree()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Entry:
+    """A cached answer. (Slots: the cache holds up to CACHE_MAX of them, and every object with
+    a ``__dict__`` makes the garbage collector's full passes longer.)"""
+
     wire: bytes
     expires: float
     name: str
@@ -184,16 +187,22 @@ class _Entry:
     pin: PinPorts = None
     pins: bool = False  # allowlist: these addresses must be pinned for the asking guest
     tail: bytes = field(init=False)  # the wire without the id
-    first: _Details = field(init=False)  # what the first answer logs
-    hit: _Details = field(init=False)  # what an answer from the cache logs
+    hit: _Details | None = field(init=False, default=None)  # what answers from the cache log
 
     def __post_init__(self) -> None:
+        self.tail = self.wire[2:]
+
+    def details(self, *, cached: bool) -> dict[str, Any]:
+        if cached and self.hit is not None:
+            return self.hit
         details: dict[str, Any] = {"qtype": self.qtype, "rcode": self.rcode}
         if self.addresses:
             details["answers"] = list(self.addresses)
-        object.__setattr__(self, "tail", self.wire[2:])
-        object.__setattr__(self, "first", _Details.of(details))
-        object.__setattr__(self, "hit", _Details.of({**details, "cached": True}))
+        if not cached:
+            return details
+        details["cached"] = True
+        self.hit = _Details.of(details)  # made at the first hit: most names are asked once
+        return self.hit
 
 
 Emit = Callable[[FlowKey, Event], None]
@@ -356,7 +365,7 @@ class Resolver:
                 port=53,
                 protocol=proto,
                 name=entry.name,
-                details=entry.hit if cached else entry.first,
+                details=entry.details(cached=cached),
             ),
         )
 

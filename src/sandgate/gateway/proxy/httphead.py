@@ -29,6 +29,9 @@ Rules a reviewer should know:
 - ``Upgrade: h2c`` is refused: an upgraded cleartext HTTP/2 connection would carry requests
   this module never sees (h2c smuggling).
 - No fragment (``#``) and no userinfo in a target; absolute URLs are http or https only.
+- Hosts (Host header, CONNECT, URL) are written as DNS names (letters, digits, ``.-_``) or
+  bracketed IPv6; percent-escapes and other spellings URL parsers disagree on are refused,
+  then ``hostparse`` normalises (case, trailing dot, numeric IPv4 forms such as ``0x7f.1``).
 - ``Content_Length`` and ``Transfer_Encoding`` are refused: CGI-style servers map ``_`` and
   ``-`` to one variable, so the server would frame a body the proxy did not see.
 
@@ -155,7 +158,8 @@ def check_head(raw_head: bytes) -> None:
         _refuse("NUL byte in the request head")
     if _BARE_LF.search(head):
         _refuse("line ending without CR (bare LF) in the request head")
-    if _BARE_CR.search(head):
+    # A CR at the very end of an incomplete head may be followed by its LF later.
+    if _BARE_CR.search(head, 0, len(head) - (end is None and head.endswith(b"\r"))):
         _refuse("CR not followed by LF in the request head")
     lines = head.split(b"\r\n")
     if not lines[0]:
@@ -195,6 +199,12 @@ _DIGITS = re.compile(rb"[0-9]+")
 _SCHEME_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _URL_SCHEMES = ("http", "https")
 _FRAMING_NAMES = (b"content-length", b"transfer-encoding")
+# What clients write as a host in a head: a DNS name (LDH and '_') or a bracketed IPv6 address.
+# Percent-escapes, zone ids and other URL spellings are refused rather than normalised, so the
+# upstream server cannot read a different name than the one judged.
+_HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"
+_HOST_RE = re.compile(_HOST)
+_HOST_PORT_RE = re.compile(_HOST + r"(?::[0-9]*)?")
 
 
 def _check_framing(headers: Sequence[tuple[bytes, bytes]], http_version: bytes) -> None:
@@ -232,10 +242,10 @@ def _parse_host_header(value: bytes) -> tuple[Host, int | None]:
     text = value.strip(b" \t").decode("latin-1")
     if not text:
         _refuse("empty Host header")
-    if not text.isascii() or any(c in text for c in "/?#@\\"):
-        _refuse(f"Host header {_show(text)} is not host[:port]")
     if text.count(":") > 1 and not text.startswith("["):
         _refuse(f"Host header {_show(text)}: an IPv6 address needs brackets")
+    if not _HOST_PORT_RE.fullmatch(text):
+        _refuse(f"Host header {_show(text)} is not host[:port] (a DNS name or an IP address)")
     try:
         target = parse_target(text)
     except HostParseError as exc:
@@ -321,6 +331,8 @@ def _connect(text: str, host_header: tuple[Host, int | None] | None) -> RequestT
         _refuse(f"CONNECT target {_show(text)}: port {port_text} is out of range (1-65535)")
     if not host_part:
         _refuse(f"CONNECT target {_show(text)} has no host")
+    if not _HOST_RE.fullmatch(host_part):
+        _refuse(f"CONNECT target {_show(text)}: {_show(host_part)} is not a DNS name or an IP")
     host = _host_text(host_part, "CONNECT target")
     port = int(digits)
     if host_header is not None and host_header[1] is None:
@@ -340,6 +352,10 @@ def _absolute(
     authority, path = rest[:cut], rest[cut:]
     if "@" in authority:
         _refuse(f"userinfo in the URL {_show(redact_path(text))}; send credentials in a header")
+    if authority.count(":") > 1 and not authority.startswith("["):
+        _refuse(f"URL {_show(redact_path(text))}: an IPv6 address needs brackets")
+    if not _HOST_PORT_RE.fullmatch(authority):
+        _refuse(f"URL {_show(redact_path(text))}: the host is not a DNS name or an IP address")
     try:
         parsed = parse_target(text)
     except HostParseError as exc:
