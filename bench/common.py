@@ -61,14 +61,14 @@ def summary_ms(values: Sequence[float]) -> dict[str, float]:
 # -- CPU ----------------------------------------------------------------------------------------
 
 
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a live process has used; 0 if it is gone."""
+def proc_cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a live process, all its threads; zeros if it is gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return 0.0
+        return 0.0, 0.0
     fields = raw.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
 def system_cpu() -> tuple[float, float, float]:
@@ -86,7 +86,7 @@ class Sample:
     busy: float
     softirq: float
     total: float
-    procs: dict[str, float]
+    procs: dict[str, tuple[float, float]]
 
 
 @dataclass
@@ -132,7 +132,9 @@ class Sampler:
             "softirq_cores": (b.softirq - a.softirq) / share * ncpu,
         }
         for name in self.pids:
-            out[f"{name}_cores"] = (b.procs.get(name, 0.0) - a.procs.get(name, 0.0)) / wall
+            (au, asys), (bu, bsys) = a.procs.get(name, (0.0, 0.0)), b.procs.get(name, (0.0, 0.0))
+            out[f"{name}_cores"] = (bu + bsys - au - asys) / wall
+            out[f"{name}_sys_cores"] = (bsys - asys) / wall
         return out
 
 

@@ -58,6 +58,7 @@ class DnsRun:
     logged: int | None = None
     generator_cores: float = float("nan")
     resolver_cores: float = float("nan")
+    resolver_sys_cores: float = float("nan")  # of which in the kernel (sending, receiving)
     upstream_cores: float = float("nan")
     system_busy_cores: float = float("nan")
     softirq_cores: float = float("nan")
@@ -217,6 +218,7 @@ def dnsmasq_run(bs: BenchStack, load: Load, work: Path) -> DnsRun:
 def _cpu(run: DnsRun, sampler: Sampler, start: float, end: float, gen_cpu: float) -> None:
     w = sampler.window(start, end)
     run.resolver_cores = w.get("resolver_cores", float("nan"))
+    run.resolver_sys_cores = w.get("resolver_sys_cores", float("nan"))
     run.upstream_cores = w.get("upstream_cores", float("nan"))
     run.system_busy_cores = w["system_busy_cores"]
     run.softirq_cores = w["softirq_cores"]

@@ -108,6 +108,8 @@ def test_json_report_and_log(stack: Stack, home: Path) -> None:
         "--json",
         "--",
         "curl",
+        "--noproxy",
+        "*",
         "-sS",
         "-m",
         "2",

@@ -15,7 +15,7 @@ import pytest
 from sandgate.session.runner import RunOptions, run_in
 from sandgate.session.stack import Stack, bring_up
 
-from .conftest import Runner, conns, dns, leftovers
+from .conftest import Runner, dns, http, leftovers
 
 pytestmark = pytest.mark.kernel
 
@@ -94,15 +94,15 @@ def test_sigterm_to_run_tears_everything_down(stack: Stack, store_path: Path) ->
 
 def test_adhoc_allow_and_deny_rules(sandbox: Runner) -> None:
     r = sandbox.sh(
-        "curl -sS -m 3 -o /dev/null https://example.com/ && echo fetched; "
-        "curl -sS -m 3 -o /dev/null https://www.example.com/ || echo refused",
+        "curl --noproxy '*' -sS -m 3 -o /dev/null https://example.com/ && echo fetched; "
+        "curl --noproxy '*' -sS -m 3 -o /dev/null https://www.example.com/ || echo refused",
         mode="allowlist",
         allow=["example.com", "*.example.com"],
         deny=["www.example.com"],
     )
     events = sandbox.events(r)
     assert dns(events, "example.com")[0].rule == "--allow[0] (example.com)"
-    assert conns(events, "203.0.113.10", 443)[0].verdict == "allow"
+    assert http(events, "203.0.113.10", 443)[0].verdict == "allow"
     denied = [e for e in dns(events, "www.example.com") if e.details.get("qtype") == "A"]
     assert denied and denied[0].reason == "deny.rule"
     assert denied[0].rule == "--deny[0] (www.example.com)"

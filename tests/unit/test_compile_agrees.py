@@ -26,7 +26,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandgate.net.compile import GuestLink, Site, base_ruleset, guest_add
+from sandgate.net.compile import (
+    PROXY_HTTP_PORT,
+    PROXY_TLS_PORT,
+    GuestLink,
+    Site,
+    base_ruleset,
+    guest_add,
+)
 from sandgate.policy.classify import BLOCKS
 from sandgate.policy.decide import Attempt, Decision, decide
 from sandgate.policy.load import parse_policy
@@ -106,6 +113,12 @@ class Ruleset:
         """Does the packet reach ``pkt.daddr``? And which verdict said so."""
         self.last_mark: str | None = None  # an inline logging site passed on the way
         pre = self.run_base("prerouting", pkt, local)
+        if pre.kind == "redirect" and pkt.proto == "tcp" and pkt.dport in PROXIED:
+            # Web traffic goes to the proxy's listener on the gateway, which judges it with
+            # decide() (and the name, when there is one): the kernel's part is to get it there.
+            into = Packet(LINK.gateway, "tcp", PROXIED[pkt.dport], pkt.iifname)
+            got = self.run_base("input", into, local)
+            return got.kind == "accept", Verdict("proxy", None)
         if pre.kind == "redirect":
             # To the gateway's own resolver, whatever server the guest asked.
             into = Packet(LINK.gateway, pkt.proto, pkt.dport, pkt.iifname)
@@ -237,6 +250,9 @@ def _elem_has(elem: Any, value: Any) -> bool:
     raise Unknown(f"set element {elem}")
 
 
+PROXIED = {80: PROXY_HTTP_PORT, 443: PROXY_TLS_PORT}
+
+
 # -- the compiled ruleset of one profile, and the two verdicts -----------------------------
 
 
@@ -254,7 +270,11 @@ class Compiled:
         return cls(profile, Ruleset(base + guest), sites)
 
     def kernel(self, pkt: Packet) -> tuple[bool, Verdict]:
-        return self.ruleset.judge(pkt, {LINK.gateway})
+        reached, verdict = self.ruleset.judge(pkt, {LINK.gateway})
+        if verdict.kind == "proxy":
+            assert reached, f"{pkt}: web traffic does not reach the proxy"
+            return self.decide(pkt).allowed, verdict
+        return reached, verdict
 
     def decide(self, pkt: Packet) -> Decision:
         port = pkt.dport if pkt.proto != "icmp" else None
@@ -386,6 +406,9 @@ def test_ruleset_agrees_with_decide_on_every_edge(name: str) -> None:
 def site_says(compiled: Compiled, pkt: Packet) -> tuple[str, str | None]:
     """(reason key, rule) the ruleset logs for a packet: what a log line will say."""
     reached, verdict = compiled.kernel(pkt)
+    if verdict.kind == "proxy":  # the proxy logs decide()'s own reason and rule
+        d = compiled.decide(pkt)
+        return d.reason.key, d.rule_ref
     site = compiled.sites.get(verdict.site or "")
     if site is None:  # the own resolver is a plain accept in the input chain
         assert reached and pkt.daddr == LINK.gateway and pkt.dport == 53, verdict
@@ -417,11 +440,6 @@ def test_log_sites_name_the_reason_and_rule_decide_gives(name: str) -> None:
     assert not disagree, f"{len(disagree)} disagreements, e.g.\n" + "\n".join(disagree[:10])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compile.py bug: _is_exemption() ignores public_override, so an allow rule for a "
-    "test-world network logs allow.exempt where decide() says allow.rule",
-)
 def test_override_rule_is_logged_as_a_plain_allow_rule() -> None:
     compiled = Compiled.of(NAMED_PROFILES["coder-open-testworld"])
     pkt = Packet(IPv4Address("203.0.113.5"), "tcp", 443)
@@ -444,7 +462,7 @@ def test_deny_rule_for_the_gateway_is_logged_as_that_rule() -> None:
 
 def test_allowlist_denies_what_decide_does_not_allowlist() -> None:
     compiled = Compiled.of(NAMED_PROFILES["coder-allowlist"])
-    pkt = Packet(IPv4Address("93.184.215.14"), "tcp", 443)
+    pkt = Packet(IPv4Address("93.184.215.14"), "tcp", 8443)
     reached, verdict = compiled.kernel(pkt)
     assert (reached, compiled.decide(pkt).key) == (False, "deny.not_allowlisted")
     assert compiled.sites[verdict.site or ""].reason == "deny.not_allowlisted"
@@ -465,14 +483,16 @@ def test_the_evaluator_follows_the_sites() -> None:
         "coder.allow[0] (model server)",
     )
     assert where("10.77.0.10", "tcp", 22) == (False, "deny.rule", "coder.deny[1] (10.77.0.0/24:22)")
-    assert where("10.201.0.26", "tcp", 80) == (False, "deny.lateral", None)
+    assert where("10.201.0.26", "tcp", 8080) == (False, "deny.lateral", None)
     assert where("10.201.0.21", "tcp", 22) == (False, "deny.gateway", None)
     assert where("10.201.0.21", "udp", 53) == (True, "accept", None)
     assert where("8.8.8.8", "udp", 53) == (False, "deny.dns_redirect", None)
-    assert where("169.254.169.254", "tcp", 80) == (False, "deny.special", None)
+    assert where("169.254.169.254", "tcp", 8080) == (False, "deny.special", None)
+    assert where("169.254.169.254", "tcp", 80) == (False, "proxy", None)  # decide() at the proxy
     assert where("1.1.1.1", "udp", 443) == (False, "deny.quic", None)
     assert where("1.1.1.1", "tcp", 853) == (False, "deny.dns_bypass", None)
-    assert where("1.1.1.1", "tcp", 443) == (True, "allow.open", None)
+    assert where("1.1.1.1", "tcp", 8443) == (True, "allow.open", None)
+    assert where("1.1.1.1", "tcp", 443) == (True, "proxy", None)
 
 
 # -- random profiles -------------------------------------------------------------------------

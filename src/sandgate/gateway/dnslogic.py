@@ -271,7 +271,7 @@ def _fast_question(wire: bytes) -> Question | None:
     if not labels or pos - 12 > 255 or pos + 4 > size:  # the root: dnspython's path
         return None
     text = b".".join(labels)
-    if len(text) != pos - 14 or text.translate(None, _PLAIN):  # cut short, or needs escapes
+    if text.translate(None, _PLAIN) != b"." * (len(labels) - 1):  # a label that needs escapes
         return None
     qtype, qclass = _QTAIL.unpack_from(wire, pos)
     pos += 4
@@ -420,3 +420,13 @@ def a_records(wire: bytes) -> list[ipaddress.IPv4Address]:
         if rrset.rdtype == A and rrset.rdclass == dns.rdataclass.IN  # else opaque data
         for r in rrset
     ]
+
+
+def local_answer(q: Question, address: str, ttl: int = 60) -> bytes:
+    """An answer the gateway gives itself: ``address`` for A, nothing for other types."""
+    resp = dns.message.make_response(q.message)
+    resp.flags |= dns.flags.RA | dns.flags.AA
+    if q.qtype == A:
+        rrset = dns.rrset.from_text(dns.name.from_text(q.name), ttl, "IN", "A", address)
+        resp.answer.append(rrset)
+    return resp.to_wire()

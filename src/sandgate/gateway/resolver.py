@@ -16,13 +16,16 @@ by dnslogic's fast readers when they have the common shape (dnspython otherwise)
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import operator
 import random
 import socket
 import struct
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
@@ -43,6 +46,7 @@ TCP_IDLE = 10.0
 # Room for a burst of ~20k small queries while the loop is busy elsewhere (the store's flush):
 # the default (~200 KB) holds only a few hundred datagrams.
 UDP_RCVBUF = 8 << 20
+SWEEP_INTERVAL = 0.25  # how often questions past their upstream deadline are looked for
 DNS_CATEGORY = Category.DNS.value
 
 PinPorts = tuple[tuple[Protocol, int], ...] | None  # None: every port
@@ -207,6 +211,7 @@ class _Entry:
 
 Emit = Callable[[FlowKey, Event], None]
 Pin = Callable[[GuestDNS, tuple[str, ...], int, PinPorts], None]
+Reply = Callable[[bytes | None], None]  # the answer for the guest; None: no answer at all
 
 
 class Resolver:
@@ -219,6 +224,7 @@ class Resolver:
 
     async def start_guest(self, guest: GuestDNS) -> None:
         loop = asyncio.get_running_loop()
+        await self.upstream.open()
         addr = guest.address
         guest.udp, _ = await loop.create_datagram_endpoint(
             lambda: _UdpServer(self, guest), local_addr=(addr, 53), reuse_port=False
@@ -253,12 +259,16 @@ class Resolver:
         self._log(guest, client, proto, entry, cached=True)
         return wire[:2] + entry.tail
 
-    async def answer(
-        self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str
-    ) -> bytes | None:
+    def resolve(
+        self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str, reply: Reply
+    ) -> None:
+        """Answer one question: ``reply`` is called once, with the answer (None: say nothing),
+        at once or when the upstream has answered. No task per question: a question that must
+        go upstream waits as a callback, which is what keeps forwarding fast."""
         hit = self.cached(guest, wire, client, proto)
         if hit is not None:
-            return hit
+            reply(hit)
+            return
         try:
             q = dnslogic.parse_question(wire)
         except dnslogic.Malformed as exc:
@@ -275,22 +285,66 @@ class Resolver:
                     details={"error": str(exc)},
                 ),
             )
-            return exc.reply
-        entry = await self._resolve(guest, q)
+            reply(exc.reply)
+            return
+        decision = decide_name(guest.profile, q.name)
+        entry = self._local(guest, q, decision)
+        if entry is not None:
+            reply(self._answered(guest, wire, client, proto, entry))
+            return
+
+        def upstream_answered(upstream: bytes | None, error: BaseException | None) -> None:
+            try:
+                entry = self._judged(guest, q, decision, upstream, error)
+            except Exception as exc:  # a bug must cost one answer, never the resolver
+                traceback.print_exc(file=sys.stderr)
+                entry = _entry(
+                    dnslogic.servfail(q, f"internal error: {exc}"),
+                    time.monotonic() + 2,
+                    q,
+                    decision,
+                    rcode=2,
+                )
+            reply(self._answered(guest, wire, client, proto, entry))
+
+        self.upstream.send(
+            dnslogic.query_for_upstream(q, self.upstream.new_id()), upstream_answered
+        )
+
+    async def answer(
+        self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str
+    ) -> bytes | None:
+        fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+
+        def reply(answer: bytes | None) -> None:
+            if not fut.done():
+                fut.set_result(answer)
+
+        self.resolve(guest, wire, client, proto, reply)
+        return await fut
+
+    def _answered(
+        self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str, entry: _Entry
+    ) -> bytes:
+        """Cache a new answer, pin what it allows (before it is sent), log it; the reply."""
         if len(self._cache) >= CACHE_MAX:
             self._cache.clear()
         self._cache[(guest.profile_key, wire[2:])] = entry
         if entry.pins:
             self._ensure_pinned(guest, entry)
         self._log(guest, client, proto, entry, cached=False)
-        return wire[:2] + entry.wire[2:]
+        return wire[:2] + entry.tail
 
-    async def _resolve(self, guest: GuestDNS, q: dnslogic.Question) -> _Entry:
-        profile = guest.profile
-        decision = decide_name(profile, q.name)
+    def _local(self, guest: GuestDNS, q: dnslogic.Question, decision: Decision) -> _Entry | None:
+        """The answer when no upstream is needed (or allowed), else None."""
         forever = float("inf")
         if not decision.allowed:
             return _entry(dnslogic.blocked(q, decision.key), forever, q, decision, rcode=3)
+        if decision.reason is Reason.FRONT:
+            # A service the gateway fronts: the answer is the guest's own gateway address.
+            gateway = str(guest.link.gateway)
+            wire = dnslogic.local_answer(q, gateway)
+            return _entry(wire, forever, q, decision, rcode=0, addresses=(gateway,))
         if q.qtype == dnslogic.AAAA:
             return _entry(dnslogic.empty(q), forever, q, decision, rcode=0)
         if q.qtype == dnslogic.PTR and dnslogic.private_reverse(q.name):
@@ -298,13 +352,21 @@ class Resolver:
             return _entry(
                 wire, forever, q, decision, rcode=3, verdict="deny", reason="deny.special"
             )
-        try:
-            upstream = await self.upstream.ask(
-                dnslogic.query_for_upstream(q, self.upstream.new_id())
-            )
-        except (TimeoutError, OSError) as exc:
-            wire = dnslogic.servfail(q, f"upstream: {exc or 'timeout'}")
+        return None
+
+    def _judged(
+        self,
+        guest: GuestDNS,
+        q: dnslogic.Question,
+        decision: Decision,
+        upstream: bytes | None,
+        error: BaseException | None,
+    ) -> _Entry:
+        """The entry for an upstream's answer (or for its silence)."""
+        if upstream is None:
+            wire = dnslogic.servfail(q, f"upstream: {error or 'timeout'}")
             return _entry(wire, time.monotonic() + 2, q, decision, rcode=2)
+        profile = guest.profile
 
         def check(address: IPv4Address) -> str | None:
             d = decide(profile, Attempt(Protocol.TCP, address, None, q.name))
@@ -395,37 +457,51 @@ class _UdpServer(asyncio.DatagramProtocol):
         self.resolver = resolver
         self.guest = guest
         self.transport: asyncio.DatagramTransport | None = None
-        self._tasks: set[asyncio.Future[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        assert self.transport is not None
-        hit = self.resolver.cached(self.guest, data, addr, "udp")
-        if hit is not None:
-            self.transport.sendto(hit, addr)
-            return
-        task = asyncio.ensure_future(self._slow(data, addr))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.resolver.resolve(
+            self.guest, data, addr, "udp", functools.partial(self._send, data, addr)
+        )
 
-    async def _slow(self, data: bytes, addr: tuple[str, int]) -> None:
-        reply = await self.resolver.answer(self.guest, data, addr, "udp")
-        if reply is not None and self.transport is not None:
-            if len(reply) > 512 and not _has_edns(data):
-                reply = _truncate(reply)
-            self.transport.sendto(reply, addr)
+    def _send(self, data: bytes, addr: tuple[str, int], reply: bytes | None) -> None:
+        if reply is None or self.transport is None or self.transport.is_closing():
+            return  # nothing to say, or the guest has left meanwhile
+        if len(reply) > 512 and not _has_edns(data):
+            reply = _truncate(reply)
+        self.transport.sendto(reply, addr)
+
+
+# What the upstream said (None when it said nothing: then the error says why).
+Answered = Callable[[bytes | None, BaseException | None], None]
+
+
+@dataclass(slots=True)
+class _Asked:
+    """A question in flight upstream."""
+
+    query: bytes
+    done: Answered
+    server: str
+    rest: list[str]  # the servers still to try after this one
+    deadline: float = 0.0
 
 
 class Upstream:
-    """Asks upstream servers over UDP (TCP when the answer is truncated)."""
+    """Asks upstream servers over UDP (TCP when the answer is truncated).
+
+    Questions wait as callbacks in ``_waiting`` (by query id); one sweep every
+    ``SWEEP_INTERVAL`` moves those past their deadline to the next server, or gives up."""
 
     def __init__(self, servers: list[str]) -> None:
         self.servers = servers
         self._transport: asyncio.DatagramTransport | None = None
-        self._waiting: dict[int, asyncio.Future[bytes]] = {}
+        self._waiting: dict[int, _Asked] = {}
         self._ids = itertools.count(random.randrange(1 << 16))
+        self._sweep: asyncio.TimerHandle | None = None
+        self._tcp_tasks: set[asyncio.Future[None]] = set()
 
     def new_id(self) -> int:
         for _ in range(1 << 16):
@@ -434,37 +510,90 @@ class Upstream:
                 return qid
         raise OSError("too many upstream questions in flight")
 
-    async def _socket(self) -> asyncio.DatagramTransport:
+    async def open(self) -> None:
+        """Make the socket (before the first question: ``send`` does not wait for it)."""
         if self._transport is None:
             loop = asyncio.get_running_loop()
             self._transport, _ = await loop.create_datagram_endpoint(
-                lambda: _UpstreamProtocol(self._waiting), local_addr=("0.0.0.0", 0)
+                lambda: _UpstreamProtocol(self._received), local_addr=("0.0.0.0", 0)
             )
-        return self._transport
+
+    def send(self, query: bytes, done: Answered) -> None:
+        """Ask the servers in turn; ``done`` gets the first answer, or None and why."""
+        if not self.servers:
+            done(None, OSError("no upstream resolver configured"))
+            return
+        if self._transport is None:
+            done(None, OSError("the upstream socket is not open"))
+            return
+        self._try(_Asked(query, done, self.servers[0], list(self.servers[1:])))
 
     async def ask(self, query: bytes) -> bytes:
-        if not self.servers:
-            raise OSError("no upstream resolver configured")
-        qid = int.from_bytes(query[:2], "big")
-        transport = await self._socket()
-        loop = asyncio.get_running_loop()
-        for server in self.servers:
-            fut: asyncio.Future[bytes] = loop.create_future()
-            self._waiting[qid] = fut
-            # A timer on the future itself: asyncio.wait_for costs a task's worth per question.
-            timer = loop.call_later(UPSTREAM_TIMEOUT, _expire, fut)
-            try:
-                transport.sendto(query, (server, 53))
-                reply = await fut
-            except TimeoutError:
-                continue
-            finally:
-                timer.cancel()
-                self._waiting.pop(qid, None)
-            if len(reply) > 2 and reply[2] & 0x02:  # TC: ask again over TCP
-                return await self._tcp(server, query)
-            return reply
-        raise TimeoutError("no upstream resolver answered")
+        """``send`` for coroutines: the answer, or TimeoutError/OSError."""
+        await self.open()
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        def done(reply: bytes | None, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if reply is not None:
+                fut.set_result(reply)
+            else:
+                fut.set_exception(error or TimeoutError("no upstream resolver answered"))
+
+        self.send(query, done)
+        return await fut
+
+    def _try(self, asked: _Asked) -> None:
+        assert self._transport is not None
+        qid = int.from_bytes(asked.query[:2], "big")
+        asked.deadline = time.monotonic() + UPSTREAM_TIMEOUT
+        self._waiting[qid] = asked
+        try:
+            self._transport.sendto(asked.query, (asked.server, 53))
+        except OSError as exc:
+            del self._waiting[qid]
+            self._next(asked, exc)
+            return
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._expire)
+
+    def _next(self, asked: _Asked, error: BaseException) -> None:
+        if asked.rest:
+            asked.server = asked.rest.pop(0)
+            self._try(asked)
+        else:
+            asked.done(None, error)
+
+    def _expire(self) -> None:
+        self._sweep = None
+        now = time.monotonic()
+        late = [qid for qid, asked in self._waiting.items() if asked.deadline <= now]
+        for qid in late:
+            self._next(self._waiting.pop(qid), TimeoutError("no upstream resolver answered"))
+        if self._waiting and self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._expire)
+
+    def _received(self, data: bytes) -> None:
+        if len(data) < 2:
+            return
+        asked = self._waiting.pop(int.from_bytes(data[:2], "big"), None)
+        if asked is None:
+            return
+        if len(data) > 2 and data[2] & 0x02:  # TC: ask again over TCP
+            task = asyncio.ensure_future(self._tcp_then(asked))
+            self._tcp_tasks.add(task)
+            task.add_done_callback(self._tcp_tasks.discard)
+            return
+        asked.done(data, None)
+
+    async def _tcp_then(self, asked: _Asked) -> None:
+        try:
+            reply = await self._tcp(asked.server, asked.query)
+        except (OSError, TimeoutError, EOFError) as exc:
+            asked.done(None, exc)
+            return
+        asked.done(reply, None)
 
     async def _tcp(self, server: str, query: bytes) -> bytes:
         reader, writer = await asyncio.wait_for(
@@ -481,25 +610,19 @@ class Upstream:
             writer.close()
 
     def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         if self._transport is not None:
             self._transport.close()
 
 
 class _UpstreamProtocol(asyncio.DatagramProtocol):
-    def __init__(self, waiting: dict[int, asyncio.Future[bytes]]) -> None:
-        self.waiting = waiting
+    def __init__(self, received: Callable[[bytes], None]) -> None:
+        self.received = received
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if len(data) < 2:
-            return
-        fut = self.waiting.get(int.from_bytes(data[:2], "big"))
-        if fut is not None and not fut.done():
-            fut.set_result(data)
-
-
-def _expire(fut: asyncio.Future[bytes]) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
+        self.received(data)
 
 
 def _grow_rcvbuf(sock: Any) -> None:

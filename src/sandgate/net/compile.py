@@ -270,7 +270,11 @@ def guest_add(
         exclude = (
             [_match(_payload("ip", "daddr"), {"set": _prefixes(inner)}, op="!=")] if inner else []
         )
-        reason = Reason.EXEMPT.key if _is_exemption(net) else Reason.RULE_ALLOW.key
+        reason = (
+            Reason.EXEMPT.key
+            if _is_exemption(net, profile.public_override)
+            else Reason.RULE_ALLOW.key
+        )
         b.rule(fwd, *_rule_match(rule), *exclude, b.site(fwd, g, "allow", reason, rule))
     b.rule(
         fwd, _match(_payload("ip", "daddr"), "@special4"), b.site(fwd, g, "deny", "deny.special")
@@ -519,7 +523,10 @@ def _inner_special(
     return _subtract(sorted(ipaddress.collapse_addresses(inner)), overrides) if inner else []
 
 
-def _is_exemption(net: IPNetwork) -> bool:
+def _is_exemption(net: IPNetwork, public_override: Iterable[IPNetwork] = ()) -> bool:
+    """Does an allow rule for ``net`` lift a special-purpose block (as decide() says)?"""
+    if any(net.version == o.version and net.subnet_of(o) for o in public_override):  # type: ignore[arg-type]
+        return False  # the test world's "internet": public there
     return any(
         blk.network.version == net.version and net.subnet_of(blk.network)  # type: ignore[arg-type]
         for blk in BLOCKS

@@ -61,6 +61,7 @@ class Reason(enum.Enum):
     FRONTING = ("deny.fronting", "the names in one connection disagree (domain fronting)")
     EXFILTRATION = ("deny.exfiltration", "a placeholder credential sent to another host")
     PROTOCOL = ("deny.protocol", "the request breaks its protocol")
+    FRONT = ("allow.front", "a service the gateway itself offers over TLS (front)")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key
@@ -132,6 +133,13 @@ def decide(profile: Profile, attempt: Attempt) -> Decision:
     for rule in profile.deny:
         if _rule_matches(rule, attempt, address):
             return deny(Reason.RULE_DENY, f"{rule.ref} ({rule.label})", rule)
+
+    front = profile.front(attempt.name)
+    if front is not None and (
+        address is None or (address == profile.gateway_address and attempt.port in (443, None))
+    ):
+        # The gateway answers this name itself and serves it over TLS on its own address.
+        return allow(Reason.FRONT, detail=f"{front.name} → http://{front.address}:{front.port}")
 
     if address is not None:
         early = _judge_address(profile, attempt, address)

@@ -30,10 +30,12 @@ from sandgate.policy.model import (
     Mode,
     PolicyFile,
     ProfileSpec,
+    Protocol,
     RuleSpec,
     SecretSpec,
+    front_upstream,
 )
-from sandgate.policy.profile import Profile, Rule, inspect_patterns, rules_from_specs
+from sandgate.policy.profile import Front, Profile, Rule, inspect_patterns, rules_from_specs
 
 BUILTIN = "<built-in default>"
 # Keys that only sandgate's own test world may set. Refused in files, with a reason.
@@ -108,7 +110,7 @@ class Policy:
         problems = check_rules(allow, deny, self._where)
         if problems:
             raise PolicyError(problems)
-        return Profile(
+        profile = Profile(
             name=chosen,
             mode=mode or spec.internet,
             allow=allow,
@@ -118,7 +120,31 @@ class Policy:
             public_override=public_override,
             guest_pool=ipaddress.ip_network(self.file.gateway.guest_pool),
             gateway_address=gateway_address,
+            fronts=tuple(Front(f.name, *front_upstream(f.upstream)) for f in spec.front),
         )
+        self._check_fronts(chosen, profile)
+        return profile
+
+    def _check_fronts(self, name: str, profile: Profile) -> None:
+        """A front may only lead where the profile's own rules already allow."""
+        from sandgate.policy.decide import Attempt, decide
+
+        problems = []
+        for i, front in enumerate(profile.fronts):
+            d = decide(profile, Attempt(Protocol.TCP, front.address, front.port))
+            if not d.allowed:
+                pos = find(self.positions, ("profiles", name, "front", i))
+                problems.append(
+                    _located(
+                        self.source,
+                        pos,
+                        f"front {front.name!r} leads to {front.address}:{front.port}, which this "
+                        f"profile does not allow ({d.key})",
+                        f'add {{ host = "{front.address}", port = {front.port} }} to allow',
+                    )
+                )
+        if problems:
+            raise PolicyError(problems)
 
     def _where(self, ref: str) -> PolicyProblem:
         """A problem stub located at a rule reference like 'coder.allow[2]' or '--allow[0]'."""

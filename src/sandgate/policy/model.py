@@ -244,6 +244,43 @@ class SecretSpec(_Strict):
         return v
 
 
+class FrontSpec(_Strict):
+    """A plain-HTTP service (a LAN model server) the gateway offers over TLS under ``name``,
+    with its own CA, streaming as the service streams (report 002's Caddy with
+    ``flush_interval -1``). Its upstream must be allowed by an allow rule of the profile."""
+
+    name: str = Field(description="the name the sandbox uses, e.g. models.lan")
+    upstream: str = Field(description="http://ADDRESS:PORT of the service")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        pattern = parse_pattern(v)
+        if pattern.wildcard:
+            raise ValueError("a front is one name, not a pattern")
+        return pattern.base
+
+    @field_validator("upstream")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        front_upstream(v)
+        return v
+
+
+def front_upstream(url: str) -> tuple[IPAddress, int]:
+    """``http://10.77.0.10:8000`` → (address, port); the service must be named by address."""
+    scheme, sep, rest = url.partition("://")
+    host, _, port_text = rest.rstrip("/").rpartition(":")
+    if scheme != "http" or not sep or not host or not port_text.isdigit():
+        raise ValueError(f"{url!r}: write the upstream as http://ADDRESS:PORT")
+    try:
+        return ipaddress.ip_address(host.strip("[]")), int(port_text)
+    except ValueError as exc:
+        raise ValueError(
+            f"{url!r}: the upstream must be an IP address (a name could rebind)"
+        ) from exc
+
+
 class ProfileSpec(_Strict):
     description: str | None = None
     internet: Mode = Mode.LOCKED
@@ -251,6 +288,7 @@ class ProfileSpec(_Strict):
     deny: list[RuleSpec] = Field(default_factory=list)
     inspect: list[str] = Field(default_factory=list)
     secret: list[SecretSpec] = Field(default_factory=list)
+    front: list[FrontSpec] = Field(default_factory=list)
 
     @field_validator("inspect")
     @classmethod

@@ -89,12 +89,25 @@ class Profile:
     public_override: tuple[IPNetwork, ...] = ()
     guest_pool: IPNetwork = field(default_factory=lambda: ipaddress.ip_network("10.201.0.0/16"))
     gateway_address: IPAddress | None = None  # the guest's own gateway, when known
+    fronts: tuple[Front, ...] = ()
 
     def rules(self) -> tuple[Rule, ...]:
         return self.deny + self.allow
 
     def inspects(self, name: str) -> bool:
         return any(p.matches(name) for p in self.inspect)
+
+    def front(self, name: str | None) -> Front | None:
+        return next((f for f in self.fronts if f.name == name), None)
+
+
+@dataclass(frozen=True)
+class Front:
+    """A plain-HTTP service offered over TLS by the gateway under ``name`` (FrontSpec)."""
+
+    name: str
+    address: IPAddress
+    port: int
 
 
 def rules_from_specs(action: Action, specs: list[RuleSpec], prefix: str) -> tuple[Rule, ...]:

@@ -149,6 +149,9 @@ class Sandbox:
             parts = [system.rstrip(b"\n"), *(c.strip() for c in extra_ca)]
             bundle.write_bytes(b"\n".join(parts) + b"\n")
             files[str(SYSTEM_BUNDLE)] = bundle
+            # Python clients that ignore SSL_CERT_FILE read certifi's own bundle: cover it too.
+            for certifi_path in certifi_bundles():
+                files[certifi_path] = bundle
         for path in files.values():
             os.chmod(path, 0o644)
         return files
@@ -213,6 +216,16 @@ class CommandNotFound(SandboxError):
 def ca_env(path: str = str(SYSTEM_BUNDLE)) -> dict[str, str]:
     """Point every common TLS client at the sandbox's CA bundle."""
     return dict.fromkeys(CA_VARS, path)
+
+
+def certifi_bundles() -> list[str]:
+    """certifi bundles the sandbox can see (the one of the venv sandgate runs from, if any)."""
+    try:
+        import certifi
+    except ImportError:
+        return []
+    where = os.path.realpath(certifi.where())
+    return [where] if where.startswith(("/opt/", "/usr/")) and os.path.isfile(where) else []
 
 
 def proxy_env(url: str) -> dict[str, str]:

@@ -25,24 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandgate.errors import SandgateError
+from sandgate.gateway.proxy.httphead import CREDENTIAL_HEADERS
 from sandgate.policy.model import SecretSpec
 from sandgate.policy.patterns import DomainPattern, parse_pattern
-
-# Header names (lower-case) that carry credentials. Kept here with the swap that uses them.
-CREDENTIAL_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "x-api-key",
-        "api-key",
-        "x-goog-api-key",
-        "x-auth-token",
-        "private-token",
-        "x-access-token",
-        "x-amz-security-token",
-        "ocp-apim-subscription-key",
-    }
-)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ sockets on a thread of their own; h11 does all the parsing.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import select
 import socket
 import ssl
@@ -31,7 +32,8 @@ from sandgate.gateway.proxy.credentials import (
     same_lengths,
 )
 from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
-from sandgate.policy.decide import Reason, deny
+from sandgate.policy.decide import Attempt, Reason, decide, deny
+from sandgate.policy.model import Protocol
 
 MAX_HEAD = 64 * 1024
 RECV = 64 * 1024
@@ -62,6 +64,7 @@ class Ctx:
     emit: Emit
     tls_name: str | None = None  # set when the client side is inspected TLS: the SNI
     on_connect: Callable[[socket.socket, Record, bytes], None] | None = None
+    front: tuple[str, int] | None = None  # a fronted service: (address, port), plain HTTP
     idle: float = 120.0
 
 
@@ -107,7 +110,9 @@ def serve(sock: socket.socket, ctx: Ctx) -> None:
     upstream: _Upstream | None = None
     try:
         while True:
-            client.raw_head.clear()
+            # The raw bytes of the coming head, for check_head: what h11 holds unparsed (a
+            # pipelined request) plus what arrives next. (h11's buffer is private; h11 is pinned.)
+            client.raw_head = bytearray(bytes(client.h._receive_buffer))
             try:
                 event = client.next_event()
             except h11.RemoteProtocolError as exc:
@@ -150,6 +155,7 @@ def _one_request(
             req.target,
             list(req.headers),
             explicit_proxy=ctx.door == "explicit" and ctx.tls_name is None,
+            http_version=req.http_version,
         )
     except PeerProtocolError as exc:
         rec.path = httphead.redact_path(req.target.decode("latin-1", "replace"))
@@ -175,7 +181,15 @@ def _one_request(
         rec.decision = deny(Reason.PROTOCOL, "no Host")
         _answer(client, 400, "a Host header is required", rec, ctx)
         return False, upstream
-    judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
+    dial_tls = ctx.tls_name
+    if ctx.front is not None:
+        # A fronted plain-HTTP service: TLS ends here, the service is dialled as the policy allows.
+        port, dial_tls = ctx.front[1], None
+        rec.port = port
+        address = ipaddress.IPv4Address(ctx.front[0])
+        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve)
+    else:
+        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(
@@ -202,12 +216,12 @@ def _one_request(
     rec.credentials = [f"injected:{n}" for n in rewritten.injected] + [
         f"dropped:{n}" for n in rewritten.dropped
     ]
-    key = (rec.address, port, ctx.tls_name)
+    key = (rec.address, port, dial_tls)
     if upstream is None or upstream.key != key:
         if upstream is not None:
             _close(upstream.peer.sock)
         try:
-            sock = ctx.dial(rec.address, port, ctx.tls_name)
+            sock = ctx.dial(rec.address, port, dial_tls)
         except (OSError, ssl.SSLError) as exc:
             rec.status, rec.note = 502, f"upstream: {exc}"
             _answer(
@@ -328,6 +342,13 @@ def _exchange(
 def _connect(client: _Peer, host: str | None, port: int | None, rec: Record, ctx: Ctx) -> None:
     rec.host, rec.port = host, port
     assert port is not None and ctx.on_connect is not None
+    if ctx.guest.profile.front(host) is not None and port == 443:
+        # A fronted service: the gateway itself answers, after the TLS handshake (server.py).
+        rec.decision = decide(ctx.guest.profile, Attempt(Protocol.TCP, None, port, host))
+        client.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
+        leftover, _ = client.h.trailing_data
+        ctx.on_connect(client.sock, rec, bytes(leftover))
+        return
     judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
     rec.decision = judged.decision
     if judged.address is None:

@@ -207,6 +207,12 @@ class Proxy:
             return
         rec.sni = hello.sni
         guest = rec.guest
+        front = guest.profile.front(hello.sni or name)
+        to_gateway = rec.original_dst is not None and rec.original_dst[0] == str(guest.link.gateway)
+        if front is not None and to_gateway:
+            rec.host, rec.tls = front.name, "inspected"
+            self._serve_tls(conn, rec, front.name, (str(front.address), front.port))
+            return
         if name is not None and hello.sni is not None and hello.sni != name.lower().rstrip("."):
             rec.host = name
             rec.decision = deny(Reason.FRONTING, f"CONNECT {name} but SNI {hello.sni}")
@@ -235,6 +241,12 @@ class Proxy:
             rec.decision = deny(Reason.PROTOCOL, "data before the tunnel was established")
             self._refuse(conn, rec)
             return
+        self._serve_tls(conn, rec, name, None)
+
+    def _serve_tls(
+        self, conn: socket.socket, rec: Record, name: str, front: tuple[str, int] | None
+    ) -> None:
+        """Terminate TLS as ``name`` with the gateway's CA, then speak HTTP/1.1 (http1.py)."""
         try:
             tls = self.leaves.context(name).wrap_socket(conn, server_side=True)
         except (ssl.SSLError, OSError) as exc:
@@ -250,6 +262,7 @@ class Proxy:
             dial=self._dial,
             emit=self.emit,
             tls_name=name,
+            front=front,
         )
         with contextlib.suppress(OSError, ssl.SSLError):
             http1.serve(tls, ctx)
