@@ -483,7 +483,11 @@ class NfqueueSocket:
         return self._nl.fileno()
 
     def read(self, limit: int = 256) -> list[QueuedPacket]:
-        """Packets already queued to this socket, at most ``limit``; never blocks."""
+        """Packets already queued to this socket, at most ``limit``; never blocks.
+
+        A datagram that does not parse is counted in ``malformed``; its packet, whose id is
+        unknown, stays held until the socket closes (the flow stalls: closed, not open).
+        """
         packets: list[QueuedPacket] = []
         errs: list[int] = []
         for dgram in self._nl.recv_datagrams(limit):
