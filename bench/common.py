@@ -284,3 +284,14 @@ def wait_udp_port(netns: str, address: str, port: int, timeout: float = 5.0) -> 
             return
         time.sleep(0.05)
     raise RuntimeError(f"nothing listens on udp {want} in {netns}")
+
+
+def spawn_ready(net: BenchNet, netns: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start a server in ``netns`` that prints a line starting READY when it serves."""
+    proc = net.spawn_in(netns, argv, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith(b"READY"):
+        stop(proc)
+        raise RuntimeError(f"{argv[0]} did not start in {netns}")
+    return proc

@@ -39,9 +39,10 @@ import pytest
 
 from sandgate import cleanup
 from sandgate.errors import NetError
+from sandgate.gateway.proxy.firstflight import FirstFlights
 from sandgate.gateway.proxy.sni import NeedMore, parse_client_hello
 from sandgate.net import iptables
-from sandgate.net.iptables import DECIDED, Action, FirstFlights, TlsGate
+from sandgate.net.iptables import DECIDED, Action, TlsGate
 from sandgate.net.netlink import NetlinkError
 from sandgate.net.nfqueue import NF_ACCEPT, NfqueueSocket, QueuedPacket, pack_verdict
 from sandgate.net.ns import NsThread
@@ -81,7 +82,7 @@ table inet sg_tq {
 # --- the judge: the proxy's own ClientHello parser ----------------------------------------------
 
 
-def judge_sni(first_flight: bytes) -> bool | None:
+def judge_sni(first: object, first_flight: bytes) -> bool | None:
     """Allow "allowed.test" only; ``None`` while the hello is incomplete; ``Malformed`` raises
     (``FirstFlights`` turns that into a deny)."""
     hello = parse_client_hello(first_flight)
@@ -549,7 +550,7 @@ def test_killing_the_reader_spares_decided_flows(topo: Topo, rules: TlsGate) -> 
         assert running.stdout is not None
         sport = json.loads(running.stdout.readline())["sport"]
         deadline = time.monotonic() + 5
-        # Other flows show up too: earlier tests' clients still retransmit their ClientHellos.
+        # By port: the log may hold other flows (an earlier client's retransmission, say).
         while not any(e["action"] == "allow" for e in r.for_port(sport)):
             assert time.monotonic() < deadline, "the flow never got its verdict"
             time.sleep(0.01)
@@ -579,7 +580,7 @@ def test_verdict_ct_mark_is_ignored_but_repeat_sets_it(topo: Topo, rules: TlsGat
         client = topo.start_client(mode="raw_rtt", sni="allowed.test", n=1, pings=2, gap=0.2)
 
         hello = next_queued(q)
-        assert judge_sni(hello.data) is True
+        assert judge_sni(hello, hello.data) is True
         # NFQA_CT with CTA_MARK, sent raw: the kernel (no NETLINK_GLUE_CT) ignores it ...
         os.write(q.fileno(), pack_verdict(QUEUE, hello.id, NF_ACCEPT, ct_mark=DECIDED))
         ping = next_queued(q)  # ... so the flow's next data segment is queued again

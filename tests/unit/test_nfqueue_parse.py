@@ -18,13 +18,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sandgate.gateway.proxy.firstflight import FirstFlights, StreamPrefix
 from sandgate.net import nfqueue
 from sandgate.net.iptables import (
     DECIDED,
     DENIED,
     Action,
-    FirstFlights,
-    StreamPrefix,
     TlsGate,
     removal_text,
     restore_text,
@@ -324,7 +323,7 @@ def test_prefix_flags() -> None:
 # --- FirstFlights, as transcripts -------------------------------------------------------------
 
 
-def first_bytes_judge(flight: bytes) -> bool | None:
+def first_bytes_judge(first: object, flight: bytes) -> bool | None:
     """Allows a flight that is b"allow." after whole, denies b"deny..", needs 6 bytes."""
     if len(flight) < 6:
         return None
@@ -356,7 +355,7 @@ def test_denials() -> None:
     ff = FirstFlights(first_bytes_judge)
     assert acts(ff.feed(queued(10, b"deny..", pid=1), 0.0)) == [(1, Action.DENY)]
 
-    def broken(flight: bytes) -> bool | None:
+    def broken(first: object, flight: bytes) -> bool | None:
         raise ValueError("bad hello")
 
     ff = FirstFlights(broken)
