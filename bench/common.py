@@ -9,7 +9,6 @@ host's); every process is started by us, killed by its pid, and gets SIGKILL if 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import statistics
@@ -24,8 +23,7 @@ from typing import Any
 
 from sandgate.net import ns
 
-PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
+DIE_WITH_US = ("setpriv", "--pdeathsig", "KILL", "--")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -146,20 +144,19 @@ def _at(samples: list[Sample], t: float) -> Sample:
 # -- processes ----------------------------------------------------------------------------------
 
 
-def _die_with_us() -> None:
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def spawn(argv: Sequence[str], **kw: Any) -> subprocess.Popen[bytes]:
-    """A child that gets SIGKILL if the bench dies (nothing keeps running after a crash)."""
-    return subprocess.Popen(list(argv), preexec_fn=_die_with_us, **kw)  # noqa: PLW1509
+    """A child that gets SIGKILL if the bench dies (nothing keeps running after a crash).
+
+    ``setpriv --pdeathsig`` sets that up and execs the command (no ``preexec_fn``: the bench
+    has threads, and Python code between fork and exec is not safe then)."""
+    return subprocess.Popen([*DIE_WITH_US, *argv], **kw)
 
 
 def run(argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    kw.setdefault("check", True)
+    check = kw.pop("check", True)
     kw.setdefault("capture_output", True)
     kw.setdefault("text", True)
-    return subprocess.run(list(argv), preexec_fn=_die_with_us, **kw)  # noqa: PLW1509
+    return subprocess.run([*DIE_WITH_US, *argv], check=check, **kw)
 
 
 def stop(proc: subprocess.Popen[bytes] | None) -> None:
@@ -259,10 +256,6 @@ class BenchNet:
         proc = spawn(["ip", "netns", "exec", netns, *argv], **kw)
         self.procs.append(proc)
         return proc
-
-    def run_in(self, netns: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        ns.check_ours(netns)
-        return run(["ip", "netns", "exec", netns, *argv], **kw)
 
     def close(self) -> None:
         for proc in reversed(self.procs):

@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, median, pct, run, spawn, stdout_to
+from bench.common import log, median, pct, stdout_to
 from bench.stack import BenchStack
 from sandgate.events.store import Store
 from sandgate.gateway.control import ControlClient
@@ -160,8 +161,9 @@ def peer_session(bs: BenchStack, spec_files: dict[str, Path], work: Path) -> dic
     """ip netns add + sandgate's bwrap command line + ip netns delete, no gateway."""
     name = bs.net.name("p")
     out = work / "peer-date.out"
+    # Plain subprocess calls here (no setpriv wrapper): they are what is being timed.
     t0 = time.time()
-    run(["ip", "netns", "add", name])
+    subprocess.run(["ip", "netns", "add", name], check=True)
     t_ns = time.time()
     try:
         spec = bwrap.SandboxSpec(
@@ -174,11 +176,10 @@ def peer_session(bs: BenchStack, spec_files: dict[str, Path], work: Path) -> dic
             files=spec_files,
         )
         with open(out, "wb") as f:
-            proc = spawn(bwrap.argv(spec), stdout=f, start_new_session=True)
-            proc.wait(timeout=30)
+            subprocess.run(bwrap.argv(spec), stdout=f, check=True, timeout=30)
         t_exit = time.time()
     finally:
-        run(["ip", "netns", "delete", name])
+        subprocess.run(["ip", "netns", "delete", name], check=True)
     t_end = time.time()
     t_exec = float(out.read_text().split()[0])
     return {
@@ -193,7 +194,7 @@ def peer_session(bs: BenchStack, spec_files: dict[str, Path], work: Path) -> dic
 
 def unshare_session() -> dict[str, float]:
     t0 = time.time()
-    run(["unshare", "-n", "true"])
+    subprocess.run(["unshare", "-n", "true"], check=True)
     return {"total": time.time() - t0}
 
 
@@ -241,15 +242,19 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
     n = 8 if quick else 30
     work = bs.base / "startup"
     work.mkdir(mode=0o755, exist_ok=True)
-    log(f"startup: 2 warm-up + {n} sandgate sessions (date +%s.%N)")
-    for _ in range(2):
-        sandgate_session(bs, work)
-    ours = [sandgate_session(bs, work) for _ in range(n)]
-    log(f"startup: {n} peer runs (ip netns add + bwrap + ip netns delete), {n} unshare -n true")
+    log(
+        f"startup: {n} rounds of a sandgate session (date +%s.%N), the peer (ip netns add +"
+        " bwrap + ip netns delete) and unshare -n true, interleaved (the same load for each)"
+    )
     files = _peer_files(work)
-    peer_session(bs, files, work)
-    peers = [peer_session(bs, files, work) for _ in range(n)]
-    unshare = [unshare_session() for _ in range(n)]
+    for _ in range(2):  # warm-up
+        sandgate_session(bs, work)
+        peer_session(bs, files, work)
+    ours, peers, unshare = [], [], []
+    for _ in range(n):
+        ours.append(sandgate_session(bs, work))
+        peers.append(peer_session(bs, files, work))
+        unshare.append(unshare_session())
     return {
         "n": n,
         "sandgate": summarize(ours),

@@ -42,7 +42,8 @@ TIMEFORMAT='CPU %R %U %S'
 out=$1; shift
 for i in $(seq "$1"); do
   s=$(date +%s.%N)
-  { time curl -sS -o /dev/null -w 'CURL %{size_download} %{time_total}\\n' "${@:2}" >> "$out" ; } 2>> "$out"
+  { time curl -sS -o /dev/null -w 'CURL %{size_download} %{time_total}\\n' "${@:2}" \\
+      >> "$out" ; } 2>> "$out"
   echo "WIN $s $(date +%s.%N)" >> "$out"
 done
 """
@@ -132,11 +133,8 @@ def pair(
     log(f"throughput {tag}: kernel routing without sandgate, {n} x 1 GiB")
     out = work / f"kernel-{tag}.out"
     with Sampler(dict(pids)) as sampler:
-        run(
-            ["ip", "netns", "exec", bs.client_ns, "bash", str(work / "tp.sh"), str(out), str(n)]
-            + curl_args,
-            timeout=120,
-        )
+        script = [str(work / "tp.sh"), str(out), str(n), *curl_args]
+        run(["ip", "netns", "exec", bs.client_ns, "bash", *script], timeout=120)
     peer = judge(parse(out), sampler)
     return {"curl": " ".join(curl_args), "sandgate": ours, "kernel": peer}
 
@@ -150,8 +148,11 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
     bulk = spawn_ready(
         bs.net,
         bs.net.name("up"),
-        ["python3", str(Path(__file__).with_name("bulk.py")), UPSTREAM, str(BULK_PORT)]
-        + [str(SIZE), str(work / "bulk.data")],
+        [
+            "python3",
+            str(Path(__file__).with_name("bulk.py")),
+            *(UPSTREAM, str(BULK_PORT), str(SIZE), str(work / "bulk.data")),
+        ],
     )
     gw = bs.stack.gateway.pid
     try:

@@ -55,7 +55,9 @@ def test_transparent_tls_passthrough_and_noproxy_refusal(sandbox: Runner, work: 
                                 "-w", "%{http_code}", *a], capture_output=True, text=True)
             print(p.returncode, p.stdout or p.stderr.strip())
         curl("https://pypi.org/simple/")
-        curl("--resolve", "evil.example:443:203.0.113.40", "https://evil.example/")
+        # pypi.org's address is pinned, so L3 lets the flow start; the ClientHello names
+        # another host, and the gate refuses it.
+        curl("--resolve", "evil.example:443:203.0.113.20", "https://evil.example/")
     """,
         mode="allowlist",
     )
@@ -66,7 +68,7 @@ def test_transparent_tls_passthrough_and_noproxy_refusal(sandbox: Runner, work: 
     ok = next(e for e in events if e.name == "pypi.org")
     assert ok.verdict == "allow" and ok.details["tls"] == "passthrough"
     assert ok.details["door"] == "transparent" and ok.uid == UID_BASE
-    assert ok.details["bytes_down"] > 0
+    assert ok.details["path"] == "kernel"  # judged on its ClientHello, then left to the kernel
     bad = next(e for e in events if e.name == "evil.example")
     assert bad.verdict == "deny" and bad.reason == "deny.not_allowlisted" and bad.uid == UID_BASE
 
@@ -125,16 +127,18 @@ def test_fronting_is_refused(sandbox: Runner, work: Path) -> None:
 
 
 def test_no_sni_is_judged_by_address(sandbox: Runner, work: Path) -> None:
-    # curl sends no SNI to an IP literal.
+    # curl sends no SNI to an IP literal. Allowlist: no name, so the address alone decides
+    # (and it was never pinned). Open: the gate judges the address and lets it pass.
     r = sandbox.sh(
         "curl --noproxy '*' -sk -m 5 -o /dev/null https://203.0.113.20/; echo rc=$?",
         mode="allowlist",
     )
-    events = _http(sandbox, r)
-    assert events and events[0].details.get("sni") is None
-    assert events[0].verdict == "deny" and events[0].reason == "deny.not_allowlisted"
+    refused = [e for e in sandbox.events(r, Kind.CONN) if e.dst == "203.0.113.20"]
+    assert refused and refused[0].reason == "deny.not_allowlisted"
     r = sandbox.sh("curl --noproxy '*' -sk -m 5 -o /dev/null https://203.0.113.20/", mode="open")
-    assert r.exit_code == 0 and _http(sandbox, r)[0].reason == "allow.open"
+    passed = _http(sandbox, r)
+    assert r.exit_code == 0 and passed[0].reason == "allow.open"
+    assert passed[0].details.get("sni") is None
 
 
 def test_connect_to_private_addresses_refused(sandbox: Runner, work: Path) -> None:
@@ -336,7 +340,8 @@ def test_websocket_through_inspection(sandbox: Runner, work: Path) -> None:
         r"""
         import base64, os, socket, ssl
         ctx = ssl.create_default_context()
-        s = ctx.wrap_socket(socket.create_connection(("203.0.113.10", 443), timeout=5),
+        # By name: the gateway's resolver sends an inspected name's addresses to the proxy.
+        s = ctx.wrap_socket(socket.create_connection(("example.com", 443), timeout=5),
                             server_hostname="example.com")
         key = base64.b64encode(os.urandom(16)).decode()
         s.sendall(("GET /ws HTTP/1.1\r\nHost: example.com\r\nUpgrade: websocket\r\n"
@@ -372,7 +377,7 @@ def test_garbage_and_slow_clients_do_not_hurt_others(sandbox: Runner, work: Path
         garbage = b"\x16\x03\x01\x00\x05hello"
         truncated = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
         for data in (garbage, truncated, b""):
-            s = socket.create_connection(("203.0.113.10", 443), timeout=15)
+            s = socket.create_connection(("203.0.113.10", 443), timeout=8)
             if data:
                 s.sendall(data)
                 if len(data) > 12:
@@ -388,9 +393,12 @@ def test_garbage_and_slow_clients_do_not_hurt_others(sandbox: Runner, work: Path
     )
     lines = out.split()
     assert lines[-1] == "200"
-    assert all(x in ("closed", "ConnectionResetError") for x in lines[:3]), lines
+    # Garbage is refused at once; a truncated hello when the gate stops waiting for the rest;
+    # a client that says nothing passes nothing (the server may time it out).
+    assert lines[0] in ("closed", "ConnectionResetError"), lines
+    assert lines[1] in ("closed", "ConnectionResetError"), lines
     refused = [e for e in _http(sandbox, r) if e.reason == "deny.protocol"]
-    assert len(refused) == 3
+    assert len(refused) >= 2
 
 
 def test_front_serves_the_lan_model_server_over_tls_streaming(sandbox: Runner, work: Path) -> None:

@@ -189,7 +189,9 @@ class _Entry:
     addresses: tuple[str, ...] = ()
     ttl: int = 0
     pin: PinPorts = None
-    pins: bool = False  # allowlist: these addresses must be pinned for the asking guest
+    pins: bool = False  # the gateway must learn these addresses before the guest does
+    l3: bool = False  # allowlist: pin them into the guest's L3 sets
+    inspect: bool = False  # an inspected name: send the guest's TLS to them to the proxy
     tail: bytes = field(init=False)  # the wire without the id
     hit: _Details | None = field(init=False, default=None)  # what answers from the cache log
 
@@ -210,7 +212,8 @@ class _Entry:
 
 
 Emit = Callable[[FlowKey, Event], None]
-Pin = Callable[[GuestDNS, tuple[str, ...], int, PinPorts], None]
+# (guest, addresses, ttl, ports, pin at L3?, inspect?)
+Pin = Callable[[GuestDNS, tuple[str, ...], int, PinPorts, bool, bool], None]
 Reply = Callable[[bytes | None], None]  # the answer for the guest; None: no answer at all
 
 
@@ -387,7 +390,8 @@ class Resolver:
                 addresses=(ans.refused_address or "",),
             )
         ttl = max(0, min(ans.ttl, TTL_CAP))
-        pins = profile.mode is Mode.ALLOWLIST and decision.reason is Reason.RULE_ALLOW
+        l3 = profile.mode is Mode.ALLOWLIST and decision.reason is Reason.RULE_ALLOW
+        inspect = profile.inspects(q.name)
         return _entry(
             ans.wire,
             time.monotonic() + ttl,
@@ -396,15 +400,17 @@ class Resolver:
             rcode=ans.rcode,
             addresses=ans.addresses,
             ttl=ans.ttl,
-            pins=pins and bool(ans.addresses),
-            pin=_pin_ports(profile, q.name) if pins else None,
+            pins=(l3 or inspect) and bool(ans.addresses),
+            l3=l3,
+            inspect=inspect,
+            pin=_pin_ports(profile, q.name) if l3 else None,
         )
 
     def _ensure_pinned(self, guest: GuestDNS, entry: _Entry) -> None:
         now = time.monotonic()
         todo = tuple(a for a in entry.addresses if guest.pinned.get((a, entry.pin), 0) < now + 5)
         if todo:
-            self._pin(guest, todo, entry.ttl, entry.pin)
+            self._pin(guest, todo, entry.ttl, entry.pin, entry.l3, entry.inspect)
             for a in todo:
                 guest.pinned[(a, entry.pin)] = now + max(entry.ttl, 60)
 

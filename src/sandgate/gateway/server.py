@@ -33,7 +33,8 @@ from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
 from sandgate.gateway.resolver import GuestDNS, PinPorts, Resolver
-from sandgate.net import ns
+from sandgate.gateway.tlsgate import GateReader
+from sandgate.net import iptables, ns
 from sandgate.net.compile import (
     GROUP_ACCEPT,
     GROUP_DROP,
@@ -46,6 +47,7 @@ from sandgate.net.compile import (
     guest_add,
     guest_remove,
     guest_uid_log,
+    inspect_elements,
     pin_elements,
 )
 from sandgate.net.nflog import NflogPacket, NflogSocket
@@ -117,6 +119,10 @@ class Gateway:
         )
         self.nft.run(batch(*cmds))
         self.sites.update(sites)
+        # The TLS gate: its reader is bound before forwarding starts, and its rule has no bypass.
+        self.gate = GateReader(self._guest_profile, self._emit_flow_or_plain)
+        iptables.install(self.gate.gate)
+        loop.add_reader(self.gate.fileno(), self.gate.on_readable)
         await self._nl(self.plumber.make_uplink, self.cfg.uplink)
         # Rules first, forwarding second: never a moment of forwarding without a policy.
         await self._nl(self.plumber.enable_forwarding)
@@ -175,6 +181,7 @@ class Gateway:
         while True:
             await asyncio.sleep(FLUSH_INTERVAL)
             self.attributor.tick(time.monotonic())
+            self.gate.expire()
             self._flush_events()
 
     async def _nl(self, fn: Callable[..., T], *args: Any) -> T:
@@ -293,6 +300,7 @@ class Gateway:
                 self.nft.run(
                     batch(*guest_remove(guest.link, guest.sites.values(), guest.profile.mode))
                 )
+            self._forget_inspected(guest.link.ifname)
             await self._nl(self.plumber.detach_guest, guest.link)
             del self.guests[name]
             self.by_address.pop(str(guest.link.guest), None)
@@ -356,6 +364,52 @@ class Gateway:
             alias: FlowKey = (key[0], key[1], key[2], str(guest.link.gateway), 53)
             self.attributor.sender(alias, uid, time.monotonic())
 
+    def _forget_inspected(self, ifname: str) -> None:
+        """The next guest on this link must not inherit this one's inspected addresses."""
+        try:
+            listing = self.nft.run(
+                {
+                    "nftables": [
+                        {"list": {"set": {"family": "inet", "table": TABLE, "name": "inspect4"}}}
+                    ]
+                }
+            )
+        except SandgateError:
+            return
+        elems = []
+        for item in (listing or {}).get("nftables", []):
+            for elem in (item.get("set") or {}).get("elem", []):
+                val = elem.get("elem", {}).get("val") if isinstance(elem, dict) else None
+                concat = (val or {}).get("concat") if isinstance(val, dict) else None
+                if concat and concat[0] == ifname:
+                    elems.append({"concat": concat})
+        if elems:
+            with contextlib.suppress(SandgateError):
+                self.nft.run(
+                    batch(
+                        {
+                            "delete": {
+                                "element": {
+                                    "family": "inet",
+                                    "table": TABLE,
+                                    "name": "inspect4",
+                                    "elem": elems,
+                                }
+                            }
+                        }
+                    )
+                )
+
+    def _guest_profile(self, address: str) -> tuple[str, str | None, Profile] | None:
+        guest = self.by_address.get(address)
+        return (guest.link.ifname, guest.session, guest.profile) if guest else None
+
+    def _emit_flow_or_plain(self, key: FlowKey | None, event: Event) -> None:
+        if key is None:
+            self._emit(event)
+        else:
+            self._emit_flow(key, event)
+
     def _guest_of(self, address: str | None) -> tuple[str, str | None] | None:
         guest = self.by_address.get(address or "")
         return (guest.link.ifname, guest.session) if guest else None
@@ -398,9 +452,22 @@ class Gateway:
             details={"inferred": True, "sport": sport},
         )
 
-    def _pin(self, dns: GuestDNS, addresses: tuple[str, ...], ttl: int, ports: PinPorts) -> None:
-        cmds = [pin_elements(dns.link, a, ttl, ports, self.limits) for a in addresses]
-        self.nft.run(batch(*cmds))
+    def _pin(
+        self,
+        dns: GuestDNS,
+        addresses: tuple[str, ...],
+        ttl: int,
+        ports: PinPorts,
+        l3: bool,
+        inspect: bool,
+    ) -> None:
+        """Before the guest hears an answer: pin its addresses (allowlist), and send TLS to
+        them through the proxy when the name is inspected. One transaction."""
+        cmds = [pin_elements(dns.link, a, ttl, ports, self.limits) for a in addresses] if l3 else []
+        if inspect:
+            cmds.append(inspect_elements(dns.link, addresses, ttl, self.limits))
+        if cmds:
+            self.nft.run(batch(*cmds))
 
     # -- the proxy's needs (it runs on threads) ------------------------------------------------
 

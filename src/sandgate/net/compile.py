@@ -180,6 +180,7 @@ def base_ruleset(
     )
     b.add("map", name="fwd", type="ifname", map="verdict")
     b.add("map", name="in", type="ifname", map="verdict")
+    b.add("set", name="inspect4", type=["ifname", "ipv4_addr"], flags=["timeout"])
     b.add("chain", name="refuse")
     b.rule("refuse", _match(_meta("l4proto"), "tcp"), {"reject": {"type": "tcp reset"}})
     b.rule("refuse", {"reject": {"type": "icmpx", "expr": "admin-prohibited"}})
@@ -217,15 +218,33 @@ def base_ruleset(
     not_local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local", op="!=")
     b.rule("prerouting", *dns, not_local, *b.mark(None, "deny", Reason.DNS_REDIRECT.key))
     b.rule("prerouting", *dns, {"redirect": {"port": 53}})
-    # Web traffic goes to the proxy, which judges it by name (SNI, Host) as well as address.
-    for dport, to in ((80, PROXY_HTTP_PORT), (443, PROXY_TLS_PORT)):
-        b.rule(
-            "prerouting",
-            _match(_meta("iifname"), "g*"),
-            _match(_meta("l4proto"), "tcp"),
-            _match(_payload("th", "dport"), dport),
-            {"redirect": {"port": to}},
-        )
+    # Plain HTTP goes to the proxy, which judges every request's Host. TLS stays in the kernel,
+    # its ClientHello held for a verdict on the SNI (the TLS gate, net/iptables.py), except
+    # where the gateway must speak TLS itself: to its own address (fronted services) and to
+    # addresses of names the guest's profile inspects (filled in by the resolver, with TTLs).
+    web = [_match(_meta("iifname"), "g*"), _match(_meta("l4proto"), "tcp")]
+    b.rule(
+        "prerouting",
+        *web,
+        _match(_payload("th", "dport"), 80),
+        {"redirect": {"port": PROXY_HTTP_PORT}},
+    )
+    local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local")
+    b.rule(
+        "prerouting",
+        *web,
+        _match(_payload("th", "dport"), 443),
+        local,
+        {"redirect": {"port": PROXY_TLS_PORT}},
+    )
+    inspected = {"concat": [_meta("iifname"), _payload("ip", "daddr")]}
+    b.rule(
+        "prerouting",
+        *web,
+        _match(_payload("th", "dport"), 443),
+        _match(inspected, "@inspect4"),
+        {"redirect": {"port": PROXY_TLS_PORT}},
+    )
     b.rule(
         "postrouting",
         _match(_meta("oifname"), uplink),
@@ -610,4 +629,15 @@ def _limit_over(limits: Limits) -> Json:
             "burst_unit": "packets",
             "inv": True,
         }
+    }
+
+
+def inspect_elements(
+    link: GuestLink, addresses: Iterable[str], ttl: int, limits: Limits = Limits()
+) -> Json:
+    """Send this guest's TLS to these addresses (of an inspected name) to the proxy, for a TTL."""
+    timeout = max(limits.pin_timeout_min, min(ttl, limits.pin_timeout_max))
+    elems = [{"elem": {"val": {"concat": [link.ifname, a]}, "timeout": timeout}} for a in addresses]
+    return {
+        "add": {"element": {"family": "inet", "table": TABLE, "name": "inspect4", "elem": elems}}
     }

@@ -1,0 +1,50 @@
+"""``python -m bench foundation [--json] [--quick] [--only PART ...]`` (``bench/run`` runs it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from bench.common import signals_raise
+from bench.foundation import PARTS, main_foundation, render
+
+
+def _clean(value: Any) -> Any:
+    """JSON without NaN (null instead), so any parser reads it."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__)
+    parser.add_argument("suite", choices=["foundation"])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter runs (< 1 min)")
+    parser.add_argument(
+        "--only", action="append", choices=sorted(PARTS), help="run only this part (repeatable)"
+    )
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        sys.stderr.write("bench/run needs root (namespaces, links, nftables)\n")
+        return 2
+    parts = [p for p in PARTS if not args.only or p in args.only]
+    with signals_raise():
+        result = main_foundation(parts, args.quick)
+    if args.json:
+        sys.stdout.write(json.dumps(_clean(result), indent=2) + "\n")
+    else:
+        sys.stdout.write(render(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""``bench/run foundation``: the foundation's four figures in one run, side by side with peers.
+
+One stack (bench/stack.py) serves every part; each part is also runnable alone (``--only``).
+Figures are compared with their goals and peers as ratios, printed, never asserted: a bench
+reports, the tests judge.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import dnsperf, nflog, startup, throughput
+from bench.common import log
+from bench.stack import BenchStack, bench_stack
+
+PARTS: dict[str, Callable[[BenchStack, bool], dict[str, Any]]] = {
+    "startup": startup.measure,
+    "throughput": throughput.measure,
+    "dns": dnsperf.measure,
+    "nflog": nflog.measure,
+}
+GOALS = {
+    "up_to_exec_ms": 100.0,
+    "teardown_ms": 10.0,
+    "throughput_ratio": 0.95,
+    "dns_qps": 20_000,
+    "nflog_lost": 0,
+}
+RERUN = {
+    "startup": "bench/run foundation --only startup",
+    "throughput": "bench/run foundation --only throughput",
+    "dns": "bench/run foundation --only dns",
+    "nflog": "bench/run foundation --only nflog",
+}
+
+
+def run(parts: list[str], quick: bool) -> dict[str, Any]:
+    started = time.time()
+    out: dict[str, Any] = {"machine": machine(), "quick": quick, "parts": {}}
+    with bench_stack() as bs:
+        out["instance"] = bs.instance
+        for part in parts:
+            t0 = time.time()
+            out["parts"][part] = PARTS[part](bs, quick)
+            out["parts"][part]["elapsed_s"] = time.time() - t0
+    out["elapsed_s"] = time.time() - started
+    out["machine"]["loadavg_end"] = os.getloadavg()
+    out["rows"] = rows(out["parts"])
+    out["rerun"] = {p: RERUN[p] + (" --quick" if quick else "") for p in parts}
+    return out
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+        "kernel": os.uname().release,
+    }
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) else float("nan")
+
+
+def rows(parts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per figure: what, sandgate, peer, sandgate/peer, goal, judged against the goal."""
+    out: list[dict[str, Any]] = []
+
+    def row(
+        section: str,
+        what: str,
+        ours: float,
+        peer: float | None,
+        peer_name: str,
+        goal: str,
+        meets: bool | None,
+        unit: str,
+        note: str = "",
+    ) -> None:
+        out.append(
+            {
+                "section": section,
+                "what": what,
+                "sandgate": ours,
+                "peer": peer,
+                "peer_name": peer_name,
+                "ratio": ratio(ours, peer) if peer is not None else None,
+                "goal": goal,
+                "meets": meets,
+                "unit": unit,
+                "note": note,
+            }
+        )
+
+    if "startup" in parts:
+        s = parts["startup"]
+        ours, peer = s["sandgate"], s["bwrap_netns"]
+        for key, goal in (("up-to-exec", "up_to_exec_ms"), ("teardown", "teardown_ms")):
+            med = ours[key]["median_ms"]
+            row(
+                "start-up",
+                f"{key} median (p90 {ours[key]['p90_ms']:.0f})",
+                med,
+                peer[key]["median_ms"],
+                "netns+bwrap",
+                f"< {GOALS[goal]:g} ms",
+                med < GOALS[goal],
+                "ms",
+                f"{med / GOALS[goal]:.2f} of goal",
+            )
+        row(
+            "start-up",
+            "unshare -n true (total)",
+            float("nan"),
+            s["unshare_n"]["total"]["median_ms"],
+            "unshare -n",
+            "",
+            None,
+            "ms",
+        )
+    if "throughput" in parts:
+        t = parts["throughput"]
+        for tag, label in (("web", "HTTP via egress proxy"), ("direct", "kernel path, no proxy")):
+            if tag not in t:
+                continue
+            ours_mb = t[tag]["sandgate"]["median_MB_s"]
+            peer_mb = t[tag]["kernel"]["median_MB_s"]
+            r = ratio(ours_mb, peer_mb)
+            row(
+                "throughput",
+                f"1 GiB {label}",
+                ours_mb,
+                peer_mb,
+                "plain routing",
+                f"ratio >= {GOALS['throughput_ratio']}",
+                r >= GOALS["throughput_ratio"],
+                "MB/s",
+                f"limit: {t[tag]['sandgate']['limit']} | peer: {t[tag]['kernel']['limit']}",
+            )
+    if "dns" in parts:
+        runs = parts["dns"]["runs"]
+        by = {(r["resolver"], r["load"]): r for r in runs}
+        for load in ("cached max", "cached 20k", "uncached max", "uncached 20k"):
+            ours_r, peer_r = by.get(("sandgate", load)), by.get(("dnsmasq", load))
+            if ours_r is None:
+                continue
+            goal_ok = ours_r["qps"] >= 0.98 * GOALS["dns_qps"] and ours_r["lost"] == 0
+            per_q = ours_r["resolver_cores"] / max(ours_r["qps"], 1) * 1e6
+            logged = ours_r["logged"]
+            row(
+                "dns",
+                load,
+                ours_r["qps"],
+                peer_r["qps"] if peer_r else None,
+                "dnsmasq",
+                f">= {GOALS['dns_qps']:,} qps, none lost",
+                goal_ok,
+                "qps",
+                f"p50/p99 {ours_r['p50_ms']:.2f}/{ours_r['p99_ms']:.2f} ms"
+                + (f" (dnsmasq {peer_r['p50_ms']:.2f}/{peer_r['p99_ms']:.2f})" if peer_r else "")
+                + f"; lost {ours_r['lost']}"
+                + (f" (dnsmasq {peer_r['lost']})" if peer_r else "")
+                + f"; logged {logged}/{ours_r['sent']} sent"
+                + f"; resolver {per_q:.0f} µs CPU/query ≈ {1e6 / per_q if per_q else 0:,.0f}"
+                " qps per free core"
+                + f"; dnsperf {ours_r['generator_cores']:.2f} cores"
+                + f"; machine {ours_r['system_busy_cores']:.2f}/2 cores busy",
+            )
+        gen = next((r for r in runs if r["resolver"] == "dnsmasq (no log)"), None)
+        if gen is not None:
+            row(
+                "dns",
+                "generator check: dnsmasq, no log",
+                float("nan"),
+                gen["qps"],
+                "dnsperf→dnsmasq",
+                "",
+                None,
+                "qps",
+                f"dnsperf {gen['generator_cores']:.2f} cores: the generator does at least this",
+            )
+    if "nflog" in parts:
+        n = parts["nflog"]
+        row(
+            "nflog",
+            f"events lost at {n['rate'] // 1000}k drops/s ({n['seconds']:g} s)",
+            n["lost"],
+            None,
+            "",
+            "0 lost",
+            n["lost"] == 0 and n["logged"] + n["inferred"] >= n["counted"],
+            "events",
+            f"sent {n['sent']}, counted {n['counted']}, logged {n['logged']}"
+            f" (+{n['inferred']} inferred), lost {n['lost']},"
+            f" suppressed by the rate limit {n['suppressed']} (drop_log_rate {n['drop_log_rate']});"
+            f" gateway {n['gateway_cores']:.2f} cores",
+        )
+    return out
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if unit == "ms":
+        return f"{v:.1f}"
+    if unit in ("qps", "events"):
+        return f"{v:,.0f}"
+    return f"{v:,.0f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        f"sandgate bench foundation{' --quick' if result['quick'] else ''}: "
+        f"{m['cpus']} CPUs, kernel {m['kernel']}, load average "
+        f"{m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end; "
+        f"{result['elapsed_s']:.0f} s",
+        "",
+        "peers: start-up = ip netns add + the same bwrap line, no gateway (and unshare -n true);"
+        " throughput = plain kernel routing, no nftables; dns = dnsmasq with --log-queries.",
+        "ratio = sandgate / peer. Goals are judged, never asserted.",
+        "",
+        f"{'':11} {'figure':44} {'sandgate':>10} {'peer':>10} {'ratio':>6}  {'goal':26} {'':6}",
+    ]
+    section = ""
+    for r in result["rows"]:
+        if r["section"] != section:
+            section = r["section"]
+            lines.append("")
+        verdict = {True: "MEETS", False: "MISSES", None: ""}[r["meets"]]
+        ratio_text = "-" if r["ratio"] is None or math.isnan(r["ratio"]) else f"{r['ratio']:.2f}"
+        lines.append(
+            f"{r['section']:11} {r['what'] + ', ' + r['unit']:44} "
+            f"{_fmt(r['sandgate'], r['unit']):>10} "
+            f"{_fmt(r['peer'], r['unit']):>10} {ratio_text:>6}  {r['goal']:26} {verdict:6}"
+        )
+        if r["note"]:
+            lines.append(f"{'':11}   {r['note']}")
+    parts = result["parts"]
+    if "startup" in parts:
+        lines += ["", "start-up phases, median ms (p90):"]
+        ours, peer = parts["startup"]["sandgate"], parts["startup"]["bwrap_netns"]
+        for key, v in ours.items():
+            if key in ("up-to-exec", "teardown"):
+                continue
+            p = peer.get(key)
+            peer_text = f"   peer {p['median_ms']:.1f}" if p else ""
+            lines.append(f"  {key:52} {v['median_ms']:8.1f} ({v['p90_ms']:.1f}){peer_text}")
+        for key in ("up: ip netns add", "down: ip netns delete"):
+            if key in peer:
+                lines.append(f"  {key:52} {'':8}   peer {peer[key]['median_ms']:.1f}")
+    if "throughput" in parts:
+        lines += ["", "throughput, CPU (cores of 2) at the median transfer:"]
+        for tag in ("web", "direct"):
+            for side in ("sandgate", "kernel"):
+                if tag not in parts["throughput"]:
+                    continue
+                d = parts["throughput"][tag][side]
+                a = d["at_median"]
+                lines.append(
+                    f"  {tag:6} {side:8} {d['median_MB_s']:7.0f} MB/s  curl {a['curl_cores']:.2f}"
+                    f"  server {a['server_cores']:.2f}  gateway {a['gateway_cores']:.2f}"
+                    f"  softirq {a['softirq_cores']:.2f}  all {a['system_busy_cores']:.2f}"
+                    f"  runs {', '.join(format(x['MB_s'], '.0f') for x in d['runs'])}"
+                )
+    if "dns" in parts:
+        lines += [
+            "",
+            "dns runs: qps, p50/p99 ms, sent/lost/logged, CPU cores (resolver [kernel part],"
+            " upstream, dnsperf, machine):",
+        ]
+        for r in parts["dns"]["runs"]:
+            logged = "-" if r["logged"] is None else str(r["logged"])
+            lines.append(
+                f"  {r['resolver']:17} {r['load']:13} {r['qps']:8,.0f}  "
+                f"{r['p50_ms']:6.2f}/{r['p99_ms']:7.2f}  {r['sent']}/{r['lost']}/{logged}  "
+                f"res {r['resolver_cores']:.2f} [{r['resolver_sys_cores']:.2f}]  "
+                f"up {r['upstream_cores']:.2f}  gen {r['generator_cores']:.2f}  "
+                f"all {r['system_busy_cores']:.2f}"
+            )
+    lines += ["", "re-run one part:"]
+    lines += [f"  {cmd}   [--json]" for cmd in result["rerun"].values()]
+    return "\n".join(lines)
+
+
+def main_foundation(parts: list[str], quick: bool) -> dict[str, Any]:
+    log(f"foundation: {', '.join(parts)}{' (quick)' if quick else ''}")
+    return run(parts, quick)
