@@ -492,7 +492,7 @@ def test_the_evaluator_follows_the_sites() -> None:
     assert where("1.1.1.1", "udp", 443) == (False, "deny.quic", None)
     assert where("1.1.1.1", "tcp", 853) == (False, "deny.dns_bypass", None)
     assert where("1.1.1.1", "tcp", 8443) == (True, "allow.open", None)
-    assert where("1.1.1.1", "tcp", 443) == (True, "proxy", None)
+    assert where("1.1.1.1", "tcp", 443) == (True, "allow.open", None)  # then the TLS gate
 
 
 # -- random profiles -------------------------------------------------------------------------
