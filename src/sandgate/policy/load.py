@@ -121,6 +121,9 @@ class Policy:
             guest_pool=ipaddress.ip_network(self.file.gateway.guest_pool),
             gateway_address=gateway_address,
             fronts=tuple(Front(f.name, *front_upstream(f.upstream)) for f in spec.front),
+            tunnel_idle=spec.tunnels.idle_seconds,
+            tunnel_max_seconds=spec.tunnels.max_seconds,
+            tunnel_max_bytes=spec.tunnels.max_bytes,
         )
         self._check_fronts(chosen, profile)
         return profile

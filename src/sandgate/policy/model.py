@@ -281,8 +281,17 @@ def front_upstream(url: str) -> tuple[IPAddress, int]:
         ) from exc
 
 
+class TunnelLimits(_Strict):
+    """Limits for connections the proxy relays itself (CONNECT tunnels, WebSockets)."""
+
+    idle_seconds: float = Field(default=300, gt=0)
+    max_seconds: float = Field(default=86400, gt=0)
+    max_bytes: int | None = Field(default=None, gt=0, description="both directions together")
+
+
 class ProfileSpec(_Strict):
     description: str | None = None
+    tunnels: TunnelLimits = Field(default_factory=TunnelLimits)
     internet: Mode = Mode.LOCKED
     allow: list[RuleSpec] = Field(default_factory=list)
     deny: list[RuleSpec] = Field(default_factory=list)

@@ -90,6 +90,9 @@ class Profile:
     guest_pool: IPNetwork = field(default_factory=lambda: ipaddress.ip_network("10.201.0.0/16"))
     gateway_address: IPAddress | None = None  # the guest's own gateway, when known
     fronts: tuple[Front, ...] = ()
+    tunnel_idle: float = 300.0
+    tunnel_max_seconds: float = 86400.0
+    tunnel_max_bytes: int | None = None
 
     def rules(self) -> tuple[Rule, ...]:
         return self.deny + self.allow

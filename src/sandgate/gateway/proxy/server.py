@@ -279,7 +279,14 @@ class Proxy:
         with upstream:
             if early:
                 upstream.sendall(early)
-            result = relay.relay(conn, upstream)
+            profile = rec.guest.profile
+            result = relay.relay(
+                conn,
+                upstream,
+                idle=profile.tunnel_idle,
+                total=profile.tunnel_max_seconds,
+                cap=profile.tunnel_max_bytes,
+            )
         rec.bytes_up, rec.bytes_down = result.up + len(early), result.down
         if result.ended not in ("eof",):
             rec.note = f"ended: {result.ended}"
