@@ -131,8 +131,9 @@ class Sampler:
         }
         for name in self.pids:
             (au, asys), (bu, bsys) = a.procs.get(name, (0.0, 0.0)), b.procs.get(name, (0.0, 0.0))
-            out[f"{name}_cores"] = (bu + bsys - au - asys) / wall
-            out[f"{name}_sys_cores"] = (bsys - asys) / wall
+            # Never below zero: the clock-tick counters and the window's ends are both coarse.
+            out[f"{name}_cores"] = max(0.0, (bu + bsys - au - asys) / wall)
+            out[f"{name}_sys_cores"] = max(0.0, (bsys - asys) / wall)
         return out
 
 

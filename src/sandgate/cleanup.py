@@ -63,6 +63,16 @@ def record_pids(name: str, pids: list[int], owner: int | None = None) -> None:
     path.write_text(json.dumps({"owner": owner or os.getpid(), "pids": pids}))
 
 
+def add_pid(name: str, pid: int, owner: int | None = None) -> None:
+    """Remember one more process, at once (a crash right after starting it must not orphan it)."""
+    path = RUN_ROOT / "pids" / f"{name}.json"
+    try:
+        pids = list(json.loads(path.read_text()).get("pids", []))
+    except (OSError, ValueError):
+        pids = []
+    record_pids(name, [*pids, pid], owner)
+
+
 def forget_pids(name: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         (RUN_ROOT / "pids" / f"{name}.json").unlink()

@@ -409,11 +409,20 @@ def test_decision_builders_and_keys() -> None:
 PROFILES = [coder(m) for m in Mode] + [coder(m, public_override=TEST_INTERNET) for m in Mode]
 PROFILES += [exemptions(mode=m) for m in Mode]
 
+
+def _looks_numeric(last_label: str) -> bool:
+    """A last label the URL host parser reads as a number (decimal, octal, 0x hex)."""
+    text = last_label.lower()
+    return text.isdigit() or (
+        text.startswith("0x") and all(c in "0123456789abcdef" for c in text[2:])
+    )
+
+
 label = st.from_regex(r"[a-z0-9_]([a-z0-9_-]{0,14}[a-z0-9_])?", fullmatch=True)
 dns_names = (
     st.lists(label, min_size=1, max_size=4)
     .map(".".join)
-    .filter(lambda n: not n.rsplit(".", 1)[-1].isdigit())
+    .filter(lambda n: not _looks_numeric(n.rsplit(".", 1)[-1]))
 )
 interesting_names = st.sampled_from(
     ["pypi.org", "api.github.com", "gist.github.com", "github.com", "a.b.github.com", "models.lan"]

@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
-import json
-import operator
-import random
 import socket
 import struct
 import sys
@@ -29,11 +25,12 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
-from typing import Any, NoReturn
+from typing import Any
 
-from sandgate.events.schema import FIELDS, Category, Event, Kind
+from sandgate.events.schema import Category, Event, FrozenDetails, Kind
 from sandgate.gateway import dnslogic
 from sandgate.gateway.attribution import FlowKey
+from sandgate.gateway.upstream import Upstream
 from sandgate.net.compile import PINNED_MAX_PORTS, GuestLink
 from sandgate.policy.decide import Attempt, Decision, Reason, decide, decide_name
 from sandgate.policy.model import Mode, Protocol
@@ -41,12 +38,10 @@ from sandgate.policy.profile import Profile
 
 CACHE_MAX = 50_000
 TTL_CAP = 300
-UPSTREAM_TIMEOUT = 2.0
 TCP_IDLE = 10.0
 # Room for a burst of ~20k small queries while the loop is busy elsewhere (the store's flush):
 # the default (~200 KB) holds only a few hundred datagrams.
 UDP_RCVBUF = 8 << 20
-SWEEP_INTERVAL = 0.25  # how often questions past their upstream deadline are looked for
 DNS_CATEGORY = Category.DNS.value
 
 PinPorts = tuple[tuple[Protocol, int], ...] | None  # None: every port
@@ -71,108 +66,6 @@ class GuestDNS:
         self.ifname = self.link.ifname
 
 
-# -- events of the fast path --------------------------------------------------------------------
-
-
-class _Details(dict[str, Any]):
-    """An event's details, read-only, with their JSON text made once.
-
-    Every answer from one cache entry logs the same details; sharing one read-only dict (and
-    its text) saves a dict and a ``json.dumps`` per answer."""
-
-    text: str | None = None
-
-    @classmethod
-    def of(cls, values: dict[str, Any]) -> _Details:
-        details = cls(values)
-        details.text = json.dumps(details, sort_keys=True) if details else None
-        return details
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError("the details of a logged DNS event are read-only")
-
-    def __setitem__(self, *args: Any) -> NoReturn:
-        self._read_only()
-
-    def __delitem__(self, *args: Any) -> NoReturn:
-        self._read_only()
-
-    def __ior__(self, *args: Any) -> NoReturn:  # type: ignore[misc]
-        self._read_only()
-
-    def update(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._read_only()
-
-    def setdefault(self, *args: Any) -> NoReturn:
-        self._read_only()
-
-    def pop(self, *args: Any) -> NoReturn:
-        self._read_only()
-
-    def popitem(self) -> NoReturn:
-        self._read_only()
-
-    def clear(self) -> NoReturn:
-        self._read_only()
-
-
-_ROW = operator.attrgetter(*FIELDS)
-_KIND_AT = FIELDS.index("kind")
-_DETAILS_AT = FIELDS.index("details")
-
-
-class _DnsEvent(Event):
-    """A resolver question: an ``Event`` in every way, whose store row is made without
-    ``dataclasses.asdict`` (which deep-copies the details and cost ~20 µs, half of what a
-    cached answer cost in all) and with the details' JSON made once per cache entry.
-
-    The row must be exactly ``Event.row()``'s: that is checked once at import, and if the
-    schema's rows ever differ from this rendering, ``Event.row()`` is used instead."""
-
-    def row(self) -> tuple[Any, ...]:
-        return _row(self) if _FAST_ROW else super().row()
-
-
-def _row(event: Event) -> tuple[Any, ...]:
-    values = list(_ROW(event))
-    values[_KIND_AT] = str(event.kind)
-    details = event.details
-    if type(details) is _Details:
-        values[_DETAILS_AT] = details.text
-    else:
-        values[_DETAILS_AT] = json.dumps(details, sort_keys=True) if details else None
-    return tuple(values)
-
-
-def _rows_agree() -> bool:
-    samples = [
-        _DnsEvent(
-            kind=Kind.DNS,
-            session="s",
-            guest="g0",
-            verdict="allow",
-            reason="allow.open",
-            category=DNS_CATEGORY,
-            src="10.201.0.2",
-            dst="10.201.0.1",
-            port=53,
-            protocol="udp",
-            name="example.com",
-            uid=61000,
-            details=_Details.of({"qtype": "A", "rcode": 0, "answers": ["192.0.2.1"]}),
-        ),
-        _DnsEvent(kind=Kind.DNS, details={"error": "x", "b": [1, {"c": None}]}),
-        _DnsEvent(kind=Kind.DNS, details=_Details.of({})),
-    ]
-    try:
-        return all(_row(e) == Event.row(e) for e in samples)
-    except Exception:
-        return False
-
-
-_FAST_ROW = _rows_agree()
-
-
 @dataclass(slots=True)
 class _Entry:
     """A cached answer. (Slots: the cache holds up to CACHE_MAX of them, and every object with
@@ -193,7 +86,7 @@ class _Entry:
     l3: bool = False  # allowlist: pin them into the guest's L3 sets
     inspect: bool = False  # an inspected name: send the guest's TLS to them to the proxy
     tail: bytes = field(init=False)  # the wire without the id
-    hit: _Details | None = field(init=False, default=None)  # what answers from the cache log
+    hit: FrozenDetails | None = field(init=False, default=None)  # what answers from the cache log
 
     def __post_init__(self) -> None:
         self.tail = self.wire[2:]
@@ -207,7 +100,7 @@ class _Entry:
         if not cached:
             return details
         details["cached"] = True
-        self.hit = _Details.of(details)  # made at the first hit: most names are asked once
+        self.hit = FrozenDetails.of(details)  # made at the first hit: most names are asked once
         return self.hit
 
 
@@ -420,7 +313,7 @@ class Resolver:
         self.questions += 1
         self._emit(
             (guest.ifname, proto, client[1], guest.address, 53),
-            _DnsEvent(
+            Event(
                 kind=Kind.DNS,
                 session=guest.session,
                 guest=guest.ifname,
@@ -481,154 +374,6 @@ class _UdpServer(asyncio.DatagramProtocol):
 
 
 # What the upstream said (None when it said nothing: then the error says why).
-Answered = Callable[[bytes | None, BaseException | None], None]
-
-
-@dataclass(slots=True)
-class _Asked:
-    """A question in flight upstream."""
-
-    query: bytes
-    done: Answered
-    server: str
-    rest: list[str]  # the servers still to try after this one
-    deadline: float = 0.0
-
-
-class Upstream:
-    """Asks upstream servers over UDP (TCP when the answer is truncated).
-
-    Questions wait as callbacks in ``_waiting`` (by query id); one sweep every
-    ``SWEEP_INTERVAL`` moves those past their deadline to the next server, or gives up."""
-
-    def __init__(self, servers: list[str]) -> None:
-        self.servers = servers
-        self._transport: asyncio.DatagramTransport | None = None
-        self._waiting: dict[int, _Asked] = {}
-        self._ids = itertools.count(random.randrange(1 << 16))
-        self._sweep: asyncio.TimerHandle | None = None
-        self._tcp_tasks: set[asyncio.Future[None]] = set()
-
-    def new_id(self) -> int:
-        for _ in range(1 << 16):
-            qid = next(self._ids) & 0xFFFF
-            if qid not in self._waiting:
-                return qid
-        raise OSError("too many upstream questions in flight")
-
-    async def open(self) -> None:
-        """Make the socket (before the first question: ``send`` does not wait for it)."""
-        if self._transport is None:
-            loop = asyncio.get_running_loop()
-            self._transport, _ = await loop.create_datagram_endpoint(
-                lambda: _UpstreamProtocol(self._received), local_addr=("0.0.0.0", 0)
-            )
-
-    def send(self, query: bytes, done: Answered) -> None:
-        """Ask the servers in turn; ``done`` gets the first answer, or None and why."""
-        if not self.servers:
-            done(None, OSError("no upstream resolver configured"))
-            return
-        if self._transport is None:
-            done(None, OSError("the upstream socket is not open"))
-            return
-        self._try(_Asked(query, done, self.servers[0], list(self.servers[1:])))
-
-    async def ask(self, query: bytes) -> bytes:
-        """``send`` for coroutines: the answer, or TimeoutError/OSError."""
-        await self.open()
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-
-        def done(reply: bytes | None, error: BaseException | None) -> None:
-            if fut.done():
-                return
-            if reply is not None:
-                fut.set_result(reply)
-            else:
-                fut.set_exception(error or TimeoutError("no upstream resolver answered"))
-
-        self.send(query, done)
-        return await fut
-
-    def _try(self, asked: _Asked) -> None:
-        assert self._transport is not None
-        qid = int.from_bytes(asked.query[:2], "big")
-        asked.deadline = time.monotonic() + UPSTREAM_TIMEOUT
-        self._waiting[qid] = asked
-        try:
-            self._transport.sendto(asked.query, (asked.server, 53))
-        except OSError as exc:
-            del self._waiting[qid]
-            self._next(asked, exc)
-            return
-        if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._expire)
-
-    def _next(self, asked: _Asked, error: BaseException) -> None:
-        if asked.rest:
-            asked.server = asked.rest.pop(0)
-            self._try(asked)
-        else:
-            asked.done(None, error)
-
-    def _expire(self) -> None:
-        self._sweep = None
-        now = time.monotonic()
-        late = [qid for qid, asked in self._waiting.items() if asked.deadline <= now]
-        for qid in late:
-            self._next(self._waiting.pop(qid), TimeoutError("no upstream resolver answered"))
-        if self._waiting and self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._expire)
-
-    def _received(self, data: bytes) -> None:
-        if len(data) < 2:
-            return
-        asked = self._waiting.pop(int.from_bytes(data[:2], "big"), None)
-        if asked is None:
-            return
-        if len(data) > 2 and data[2] & 0x02:  # TC: ask again over TCP
-            task = asyncio.ensure_future(self._tcp_then(asked))
-            self._tcp_tasks.add(task)
-            task.add_done_callback(self._tcp_tasks.discard)
-            return
-        asked.done(data, None)
-
-    async def _tcp_then(self, asked: _Asked) -> None:
-        try:
-            reply = await self._tcp(asked.server, asked.query)
-        except (OSError, TimeoutError, EOFError) as exc:
-            asked.done(None, exc)
-            return
-        asked.done(reply, None)
-
-    async def _tcp(self, server: str, query: bytes) -> bytes:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(server, 53), UPSTREAM_TIMEOUT
-        )
-        try:
-            writer.write(struct.pack("!H", len(query)) + query)
-            await writer.drain()
-            (size,) = struct.unpack(
-                "!H", await asyncio.wait_for(reader.readexactly(2), UPSTREAM_TIMEOUT)
-            )
-            return await asyncio.wait_for(reader.readexactly(size), UPSTREAM_TIMEOUT)
-        finally:
-            writer.close()
-
-    def close(self) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        if self._transport is not None:
-            self._transport.close()
-
-
-class _UpstreamProtocol(asyncio.DatagramProtocol):
-    def __init__(self, received: Callable[[bytes], None]) -> None:
-        self.received = received
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.received(data)
 
 
 def _grow_rcvbuf(sock: Any) -> None:

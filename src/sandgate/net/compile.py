@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandgate.policy.classify import BLOCKS, special_networks
-from sandgate.policy.decide import Reason
+from sandgate.policy.decide import GATEWAY_PROXY_PORTS, Reason
 from sandgate.policy.model import IPNetwork, Mode, Protocol
 from sandgate.policy.profile import Profile, Rule
 
@@ -36,10 +36,9 @@ GROUP_DROP = 1  # NFLOG group for drops in the gateway namespace
 GROUP_ACCEPT = 2  # accepted new flows
 GROUP_GUEST = 3  # in each guest namespace: new outbound flows with the sending uid
 PINNED_MAX_PORTS = 256  # port-scoped allowlist rules with wider ranges pin the address only
-PROXY_EXPLICIT_PORT = 3128  # HTTP_PROXY for the guest
-PROXY_HTTP_PORT = 15080  # the guest's TCP 80, redirected
-PROXY_TLS_PORT = 15443  # the guest's TCP 443, redirected
-PROXY_PORTS = (PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT)
+# The proxy's ports on each guest's gateway address (decide() allows exactly these).
+PROXY_PORTS = GATEWAY_PROXY_PORTS
+PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT = PROXY_PORTS
 
 
 @dataclass(frozen=True)

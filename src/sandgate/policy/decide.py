@@ -62,6 +62,7 @@ class Reason(enum.Enum):
     EXFILTRATION = ("deny.exfiltration", "a placeholder credential sent to another host")
     PROTOCOL = ("deny.protocol", "the request breaks its protocol")
     FRONT = ("allow.front", "a service the gateway itself offers over TLS (front)")
+    GATEWAY_PROXY = ("allow.gateway_proxy", "the guest's own gateway proxy")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key
@@ -114,6 +115,9 @@ def deny(reason: Reason, detail: str = "", rule: Rule | None = None, **kw: objec
 
 
 _DNS_PROTOCOLS = (Protocol.UDP, Protocol.TCP)
+# The gateway's proxy on the guest's own gateway address: explicit (HTTP_PROXY), and the two
+# ports the gateway redirects plain HTTP and some TLS to.
+GATEWAY_PROXY_PORTS = (3128, 15080, 15443)
 
 
 def decide(profile: Profile, attempt: Attempt) -> Decision:
@@ -174,6 +178,8 @@ def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> De
     """Steps 3-7: what the address alone settles. None: the name and the mode decide."""
     port, proto = attempt.port, attempt.protocol
     if profile.gateway_address is not None and address == profile.gateway_address:
+        if proto is Protocol.TCP and port in GATEWAY_PROXY_PORTS:
+            return allow(Reason.GATEWAY_PROXY, detail=f"{address}:{port}")
         return deny(Reason.GATEWAY_PORT, f"{address} port {port}")
     if address.version == profile.guest_pool.version and address in profile.guest_pool:
         return deny(Reason.LATERAL, f"{address} is in the guest pool {profile.guest_pool}")

@@ -56,12 +56,12 @@ def bring_up(
             f"a gateway '{name}' is already running", "stop it with `sandgate down`"
         )
     cleanup.own(f"instance-{name}")
-    tw = TestWorld(name) if world else None
+    tw = None
+    if world:
+        tw = TestWorld(name, on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid))
     handle: GatewayHandle | None = None
     try:
         info = tw.up() if tw is not None else None
-        if tw is not None:
-            cleanup.record_pids(f"world-{name}", [s.proc.pid for s in tw.servers])
         handle = manage.start(
             gateway_config(name, info, store, **gateway_extra),
             env=info.gateway_env if info is not None else None,

@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -101,6 +102,7 @@ class TestWorld:
     namespaces: list[str] = field(default_factory=list)
     info: WorldInfo | None = None
     api_key: str = ""
+    on_start: Callable[[int], None] | None = None  # told each server's pid as it starts
 
     def ns(self, role: str) -> str:
         return f"sg-{self.instance}-{role}"
@@ -285,9 +287,12 @@ class TestWorld:
         assert self.base is not None
         path = self.base / f"{label or server}.json"
         path.write_text(json.dumps(config, indent=2))
-        return start(
+        running = start(
             server, ["--config", str(path), "--log", str(log)], prefix=ns.nsenter_argv(netns)
         )
+        if self.on_start is not None:
+            self.on_start(running.proc.pid)
+        return running
 
 
 def _zones() -> list[dict[str, Any]]:

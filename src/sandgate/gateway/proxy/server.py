@@ -99,10 +99,13 @@ class Proxy:
         if ls is None:
             return
         ls.stop.set()
-        for t in ls.threads:
-            t.join(2)
         for s in ls.sockets:
+            # shutdown wakes a thread blocked in accept(); close alone would not.
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
             s.close()
+        for t in ls.threads:
+            t.join(1)
 
     def close(self) -> None:
         self.leaves.close()

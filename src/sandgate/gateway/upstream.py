@@ -1,0 +1,165 @@
+"""Asking the gateway's upstream resolvers: UDP with retries to the next server, TCP when an
+answer is truncated. Questions wait as callbacks keyed by query id (no task per question), with
+one sweep for those past their deadline; ``ask`` wraps that for code that wants to await."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+UPSTREAM_TIMEOUT = 2.0
+SWEEP_INTERVAL = 0.25  # how often questions past their upstream deadline are looked for
+
+Answered = Callable[[bytes | None, BaseException | None], None]
+
+
+@dataclass(slots=True)
+class _Asked:
+    """A question in flight upstream."""
+
+    query: bytes
+    done: Answered
+    server: str
+    rest: list[str]  # the servers still to try after this one
+    deadline: float = 0.0
+
+
+class Upstream:
+    """Asks upstream servers over UDP (TCP when the answer is truncated).
+
+    Questions wait as callbacks in ``_waiting`` (by query id); one sweep every
+    ``SWEEP_INTERVAL`` moves those past their deadline to the next server, or gives up."""
+
+    def __init__(self, servers: list[str]) -> None:
+        self.servers = servers
+        self._transport: asyncio.DatagramTransport | None = None
+        self._waiting: dict[int, _Asked] = {}
+        self._ids = itertools.count(random.randrange(1 << 16))
+        self._sweep: asyncio.TimerHandle | None = None
+        self._tcp_tasks: set[asyncio.Future[None]] = set()
+
+    def new_id(self) -> int:
+        for _ in range(1 << 16):
+            qid = next(self._ids) & 0xFFFF
+            if qid not in self._waiting:
+                return qid
+        raise OSError("too many upstream questions in flight")
+
+    async def open(self) -> None:
+        """Make the socket (before the first question: ``send`` does not wait for it)."""
+        if self._transport is None:
+            loop = asyncio.get_running_loop()
+            self._transport, _ = await loop.create_datagram_endpoint(
+                lambda: _UpstreamProtocol(self._received), local_addr=("0.0.0.0", 0)
+            )
+
+    def send(self, query: bytes, done: Answered) -> None:
+        """Ask the servers in turn; ``done`` gets the first answer, or None and why."""
+        if not self.servers:
+            done(None, OSError("no upstream resolver configured"))
+            return
+        if self._transport is None:
+            done(None, OSError("the upstream socket is not open"))
+            return
+        self._try(_Asked(query, done, self.servers[0], list(self.servers[1:])))
+
+    async def ask(self, query: bytes) -> bytes:
+        """``send`` for coroutines: the answer, or TimeoutError/OSError."""
+        await self.open()
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        def done(reply: bytes | None, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if reply is not None:
+                fut.set_result(reply)
+            else:
+                fut.set_exception(error or TimeoutError("no upstream resolver answered"))
+
+        self.send(query, done)
+        return await fut
+
+    def _try(self, asked: _Asked) -> None:
+        assert self._transport is not None
+        qid = int.from_bytes(asked.query[:2], "big")
+        asked.deadline = time.monotonic() + UPSTREAM_TIMEOUT
+        self._waiting[qid] = asked
+        try:
+            self._transport.sendto(asked.query, (asked.server, 53))
+        except OSError as exc:
+            del self._waiting[qid]
+            self._next(asked, exc)
+            return
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._expire)
+
+    def _next(self, asked: _Asked, error: BaseException) -> None:
+        if asked.rest:
+            asked.server = asked.rest.pop(0)
+            self._try(asked)
+        else:
+            asked.done(None, error)
+
+    def _expire(self) -> None:
+        self._sweep = None
+        now = time.monotonic()
+        late = [qid for qid, asked in self._waiting.items() if asked.deadline <= now]
+        for qid in late:
+            self._next(self._waiting.pop(qid), TimeoutError("no upstream resolver answered"))
+        if self._waiting and self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._expire)
+
+    def _received(self, data: bytes) -> None:
+        if len(data) < 2:
+            return
+        asked = self._waiting.pop(int.from_bytes(data[:2], "big"), None)
+        if asked is None:
+            return
+        if len(data) > 2 and data[2] & 0x02:  # TC: ask again over TCP
+            task = asyncio.ensure_future(self._tcp_then(asked))
+            self._tcp_tasks.add(task)
+            task.add_done_callback(self._tcp_tasks.discard)
+            return
+        asked.done(data, None)
+
+    async def _tcp_then(self, asked: _Asked) -> None:
+        try:
+            reply = await self._tcp(asked.server, asked.query)
+        except (OSError, TimeoutError, EOFError) as exc:
+            asked.done(None, exc)
+            return
+        asked.done(reply, None)
+
+    async def _tcp(self, server: str, query: bytes) -> bytes:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(server, 53), UPSTREAM_TIMEOUT
+        )
+        try:
+            writer.write(struct.pack("!H", len(query)) + query)
+            await writer.drain()
+            (size,) = struct.unpack(
+                "!H", await asyncio.wait_for(reader.readexactly(2), UPSTREAM_TIMEOUT)
+            )
+            return await asyncio.wait_for(reader.readexactly(size), UPSTREAM_TIMEOUT)
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        if self._transport is not None:
+            self._transport.close()
+
+
+class _UpstreamProtocol(asyncio.DatagramProtocol):
+    def __init__(self, received: Callable[[bytes], None]) -> None:
+        self.received = received
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.received(data)
