@@ -61,7 +61,7 @@ T = TypeVar("T")
 
 FLUSH_INTERVAL = 0.1
 RESOLVE_TIMEOUT = 6.0
-NFLOG_SETTLE = 0.03  # the kernel flushes our NFLOG groups' batches after 10 ms (timeout 1 cs)
+NFLOG_SETTLE = 0.015  # our NFLOG groups flush their batches after 10 ms (timeout 1 cs)
 
 
 @dataclass
