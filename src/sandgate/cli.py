@@ -309,6 +309,52 @@ def policy_check(
 
 
 @app.command()
+def prove(
+    world: Annotated[
+        str | None, typer.Option("--world", help="'test': prove in sandgate's own test world")
+    ] = None,
+    policy: PolicyOpt = None,
+    profile: ProfileOpt = None,
+    mode: ModeOpt = None,
+    instance: Annotated[
+        str | None, typer.Option("--instance", help="prove this running gateway")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Attack the gateway from inside a fresh guest; a table; exit 1 on any leak or false block."""
+    from sandgate.prove.runner import ProveOptions
+    from sandgate.prove.runner import prove as run_prove
+    from sandgate.report.render import prove_table
+
+    if world not in (None, "test"):
+        raise typer.BadParameter("the only world is 'test'", param_hint="--world")
+    try:
+        result = run_prove(
+            ProveOptions(
+                world=world, policy=policy, profile=profile, mode=_mode(mode), instance=instance
+            )
+        )
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if json_out:
+        for r in result.results:
+            row = r.as_json()
+            if r.result != "SKIP":
+                row.pop("why", None) if not row.get("why") else None
+            print(json.dumps(row))
+    else:
+        out.print(prove_table(result))
+        totals = result.totals()
+        out.print(
+            f"[green]{totals['PASS']} passed[/green], "
+            f"[red]{totals['FAIL']} failed[/red], {totals['SKIP']} skipped "
+            f"(session {result.session}; every attempt: sandgate log --session {result.session})"
+        )
+    raise typer.Exit(1 if result.failed else 0)
+
+
+@app.command()
 def cleanup(
     everything: Annotated[
         bool, typer.Option("--all", help="also what live sandgate processes own")

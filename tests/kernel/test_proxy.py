@@ -435,8 +435,11 @@ def test_front_serves_the_lan_model_server_over_tls_streaming(sandbox: Runner, w
 def test_tunnel_byte_cap_ends_a_tunnel(sandbox: Runner, work: Path) -> None:
     policy = work / "cap.toml"
     policy.write_text('[profiles.p]\ninternet = "open"\ntunnels = { max_bytes = 200000 }\n')
-    r = sandbox.sh("curl -sS -m 10 -x $https_proxy -o /dev/null -w '%{size_download}' "
-                   "https://example.com/bytes/5000000; echo", policy=str(policy))
+    r = sandbox.sh(
+        "curl -sS -m 10 -x $https_proxy -o /dev/null -w '%{size_download}' "
+        "https://example.com/bytes/5000000; echo",
+        policy=str(policy),
+    )
     assert r.exit_code == 0
     tunnel = next(e for e in _http(sandbox, r) if e.name == "example.com")
     assert tunnel.details.get("note") == "ended: cap"

@@ -572,6 +572,7 @@ class Gateway:
                         "session": g.session,
                         "profile": g.profile.name,
                         "mode": str(g.profile.mode),
+                        "uid": g.uid,
                     }
                     for n, g in self.guests.items()
                 },

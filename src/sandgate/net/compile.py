@@ -180,8 +180,10 @@ def base_ruleset(
     b.add("map", name="fwd", type="ifname", map="verdict")
     b.add("map", name="in", type="ifname", map="verdict")
     b.add("set", name="inspect4", type=["ifname", "ipv4_addr"], flags=["timeout"])
+    # Refused, not dropped: ICMP "administratively prohibited" for every protocol. A client
+    # fails at once (no route to host), and can tell the gateway's refusal from the far end's
+    # (a TCP reset, connection refused): what `sandgate prove` relies on.
     b.add("chain", name="refuse")
-    b.rule("refuse", _match(_meta("l4proto"), "tcp"), {"reject": {"type": "tcp reset"}})
     b.rule("refuse", {"reject": {"type": "icmpx", "expr": "admin-prohibited"}})
     b.add("chain", name="forward", type="filter", hook="forward", prio=0, policy="drop")
     b.add("chain", name="input", type="filter", hook="input", prio=0, policy="drop")

@@ -171,3 +171,28 @@ def events_table(events: Iterable[Event]) -> Table:
             e.rule or "",
         )
     return table
+
+
+def prove_table(result: object) -> Table:
+    """Report 001's table: probe, target, expected, observed, logged, result."""
+    table = Table(
+        title=f"sandgate prove: {getattr(result, 'mode', '')} mode, profile "
+        f"{getattr(result, 'profile', '')}",
+        title_justify="left",
+    )
+    for col in ("group", "probe", "target", "expected", "observed", "logged", "result"):
+        table.add_column(col, overflow="fold")
+    style = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
+    for r in getattr(result, "results", []):
+        table.add_row(
+            r.group,
+            r.probe,
+            r.target,
+            r.expected,
+            _verdict(r.observed),
+            r.logged if r.logged in ("yes", "no") else Text(r.logged, style="dim"),
+            Text(r.result, style=style.get(r.result, "")),
+        )
+        if r.result == "FAIL" and r.why:
+            table.add_row("", Text(f"  ↳ {r.why}", style="red"), "", "", "", "", "")
+    return table

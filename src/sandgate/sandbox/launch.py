@@ -12,6 +12,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,10 @@ def preflight() -> None:
             f"missing tools: {', '.join(t for t, p in TOOLS.items() if p in missing)}",
             f"apt-get install {' '.join(missing)}",
         )
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _usable_by(uid: int, directory: Path) -> bool:
@@ -168,17 +173,25 @@ class Sandbox:
             out[target] = copy
         return out
 
-    def run(self, spec: bwrap.SandboxSpec, timeout: float | None) -> int:
-        """Run the sandboxed command; its output goes to ours. Returns its exit status."""
+    def run(
+        self, spec: bwrap.SandboxSpec, timeout: float | None, stop: threading.Event | None = None
+    ) -> int:
+        """Run the sandboxed command; its output goes to ours. Returns its exit status
+        (124 when it ran out of time, 143 when ``stop`` was set)."""
         found = bwrap.find_command(spec.command[0]) if spec.command else None
         if found is None:
             raise CommandNotFound(spec.command[0] if spec.command else "")
         self.proc = subprocess.Popen(bwrap.argv(spec), start_new_session=True)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return 124
+            while True:
+                try:
+                    return self.proc.wait(timeout=0.2 if stop is not None else _left(deadline))
+                except subprocess.TimeoutExpired:
+                    if stop is not None and stop.is_set():
+                        return 143
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return 124
         finally:
             self.kill()
 

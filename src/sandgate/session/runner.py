@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import secrets
 import signal
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -53,6 +54,9 @@ class RunOptions:
     instance: str | None = None
     store: str | None = None
     label: str | None = None
+    stop: threading.Event | None = None  # set it to end the session early (exit status 143)
+    # Files that depend on the guest (its addresses, placeholders): called once it exists.
+    late_files: Callable[[dict[str, Any]], dict[str, Path]] | None = None
 
 
 @dataclass
@@ -134,7 +138,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             details={"label": opts.label} if opts.label else None,
         )
         cas = [guest["ca"].encode()] + ([world.ca_cert.read_bytes()] if world else [])
-        files = {**box.etc_files(guest["gateway"], uid, cas), **box.copy_in(opts.files)}
+        late = opts.late_files(guest) if opts.late_files is not None else {}
+        files = {**box.etc_files(guest["gateway"], uid, cas), **box.copy_in({**opts.files, **late})}
         env = {
             **ca_env(),
             **proxy_env(guest["proxy"]),
@@ -152,7 +157,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             env=env,
         )
         try:
-            exit_code = box.run(spec, opts.timeout)
+            exit_code = box.run(spec, opts.timeout, opts.stop)
             if exit_code == 124 and opts.timeout:
                 message = f"timed out after {opts.timeout:g} s; the sandbox was killed"
         except CommandNotFound as exc:

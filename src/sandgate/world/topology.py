@@ -44,6 +44,8 @@ TRANSIT = ("10.77.255.1/30", "10.77.255.2/30")
 PUBLIC = ("203.0.113.0/24", "198.51.100.0/24")
 RESOLVER = "198.51.100.53"
 PUBLIC_IP = "198.51.100.10"  # a "hardcoded public IP" with a web server on it
+PROBE_HOST = "198.51.100.123"  # UDP echo on 123 (NTP) and 443 (QUIC): did a datagram get out?
+MODEL_TRIPWIRES = (22, 11434)  # the model server's other ports, listening, so a leak shows
 OPENAI = "203.0.113.50"  # api.openai.com: a model server that requires the world's API key
 
 # name -> address of the "public" hosts. Enough for report 000's tasks and the probes.
@@ -127,7 +129,10 @@ class TestWorld:
         ca = make_ca(f"sandgate test world {self.instance}", days=30)
         ca_dir = self.base / "ca"
         write_pair(ca_dir, "ca", ca.cert_pem, ca.key_pem)
-        logs = {k: self.base / f"{k}.jsonl" for k in ("dns", "web", "model", "nas", "openai")}
+        logs = {
+            k: self.base / f"{k}.jsonl"
+            for k in ("dns", "web", "model", "nas", "openai", "tripwires", "probe")
+        }
         self.api_key = "sk-world-" + secrets.token_hex(20)
         build_fixtures(self.base)
         self._start_servers(ca, ca_dir, logs, wan, model, nas)
@@ -222,7 +227,7 @@ class TestWorld:
         try:
             _lo_up(ipr)
             lo = ipr.link_lookup(ifname="lo")[0]
-            for address in sorted({*HOSTS.values(), RESOLVER, PUBLIC_IP}):
+            for address in sorted({*HOSTS.values(), RESOLVER, PUBLIC_IP, PROBE_HOST}):
                 ipr.addr("add", index=lo, address=address, prefixlen=32)
             idx = ipr.link_lookup(ifname="lan0")[0]
             iface = ipaddress.IPv4Interface(TRANSIT[1])
@@ -280,6 +285,13 @@ class TestWorld:
                 nas,
             )
         )
+        # Tripwires: a forbidden connection that got through shows up as an answer and a log line.
+        tripwires = {"bind": [MODEL], "tcp": [str(p) for p in MODEL_TRIPWIRES]}
+        self.servers.append(
+            self._start("listen", tripwires, logs["tripwires"], model, "model-trip")
+        )
+        echo = {"bind": [PROBE_HOST], "udp": ["123", "443"], "tcp": ["9"]}
+        self.servers.append(self._start("listen", echo, logs["probe"], wan, "probe-host"))
 
     def _start(
         self, server: str, config: dict[str, Any], log: Path, netns: str, label: str | None = None

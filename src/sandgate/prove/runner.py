@@ -1,0 +1,297 @@
+"""``sandgate prove``: the gateway attacked from inside a fresh guest, then judged.
+
+A throwaway guest runs the probe driver (driver.py) as the sandboxed uid. A second guest
+serves on a port, so lateral movement has a real target. Afterwards every probe gets three
+checks: what the policy expects (``decide()``), what the driver observed, and whether the
+gateway recorded the attempt with that verdict. A probe fails on a leak (observed allow where
+deny was expected), a false block (the reverse), or a missing or wrong record.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sandgate.events.schema import Event
+from sandgate.events.store import Store
+from sandgate.policy.load import load_policy
+from sandgate.policy.model import Mode
+from sandgate.prove.catalogue import Context, Probe, catalogue
+from sandgate.sandbox.launch import preflight
+from sandgate.session.runner import RunOptions, RunResult, run_in, signals_raise
+from sandgate.session.stack import Stack, stack_for
+from sandgate.world.servers.launch import read_log
+
+DRIVER_TARGET = "/run/sandgate/prove-driver.py"
+PROBES_TARGET = "/run/sandgate/probes.json"
+PEER_PORT = 8080
+PEER_UID = 61999  # tells the peer guest apart in the gateway's status
+
+
+@dataclass
+class ProbeResult:
+    probe: str
+    group: str
+    target: str
+    expected: str
+    observed: str
+    logged: str  # "yes", "no", "wrong: <verdict>", or "n/a: <why>"
+    result: str  # PASS | FAIL | SKIP
+    why: str = ""
+    reason: str = ""  # the reason key decide() gives
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ProveResult:
+    mode: str
+    profile: str
+    policy: str | None
+    session: str | None
+    results: list[ProbeResult] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[ProbeResult]:
+        return [r for r in self.results if r.result == "FAIL"]
+
+    def totals(self) -> dict[str, int]:
+        out = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+        for r in self.results:
+            out[r.result] += 1
+        return out
+
+
+@dataclass
+class ProveOptions:
+    world: str | None = None
+    policy: str | None = None
+    profile: str | None = None
+    mode: str | None = None
+    instance: str | None = None
+    store: str | None = None
+
+
+def prove(opts: ProveOptions) -> ProveResult:
+    preflight()
+    if opts.policy is not None or opts.world is None:
+        load_policy(opts.policy)
+    with signals_raise(), stack_for(opts.world, opts.instance, opts.store) as stack:
+        return prove_on(stack, opts)
+
+
+def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
+    world = stack.world
+    policy_path = opts.policy or (str(world.policy) if world else None)
+    work = Path(tempfile.mkdtemp(prefix="sg-prove-", dir="/var/tmp"))
+    work.chmod(0o777)
+    stop = threading.Event()
+    peer = _start_peer(stack, opts, policy_path, stop)
+    try:
+        peer_address = _wait_for_peer(stack, peer)
+        probes_file = work / "probes.json"
+        holder: dict[str, list[Probe]] = {}
+
+        def probes_for(guest: dict[str, Any]) -> dict[str, Path]:
+            policy = load_policy(policy_path)
+            profile = policy.profile(
+                opts.profile,
+                mode=Mode(opts.mode) if opts.mode else None,
+                public_override=tuple(_networks(world.public_override)) if world else (),
+                gateway_address=_ip(guest["gateway"]),
+            )
+            secrets = guest.get("secrets") or {}
+            placeholder = next((s["placeholder"] for s in secrets.values()), None)
+            ctx = Context(
+                profile=profile,
+                gateway=guest["gateway"],
+                proxy=guest["proxy"],
+                world=world is not None,
+                peer=peer_address,
+                placeholder=placeholder,
+            )
+            holder["probes"] = catalogue(ctx)
+            probes_file.write_text(json.dumps([p.as_driver() for p in holder["probes"]]))
+            return {PROBES_TARGET: probes_file}
+
+        upstream_before = len(read_log(world.logs["dns"])) if world else 0
+        run = run_in(
+            stack,
+            RunOptions(
+                command=["/usr/bin/python3", DRIVER_TARGET, PROBES_TARGET, "/work/results.jsonl"],
+                policy=policy_path,
+                profile=opts.profile,
+                mode=opts.mode,
+                world="test" if world else None,
+                workdir=work,
+                timeout=300,
+                store=opts.store,
+                files={DRIVER_TARGET: _driver_path()},
+                late_files=probes_for,
+                label="prove",
+            ),
+        )
+        observed = _observed(work / "results.jsonl")
+        events = _events(run, opts.store)
+        upstream = read_log(world.logs["dns"])[upstream_before:] if world else []
+        results = [_judge(p, observed.get(p.id), events, upstream) for p in holder["probes"]]
+        report = run.report
+        return ProveResult(
+            report.mode or "", report.profile or "", policy_path, run.session, results
+        )
+    finally:
+        stop.set()
+        peer.join(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the lateral target ----------------------------------------------------------------------------
+
+
+def _start_peer(
+    stack: Stack, opts: ProveOptions, policy: str | None, stop: threading.Event
+) -> threading.Thread:
+    command = ["/usr/bin/python3", "-m", "http.server", str(PEER_PORT), "--bind", "0.0.0.0"]
+    peer_opts = RunOptions(
+        command=command,
+        policy=policy,
+        profile=opts.profile,
+        mode=opts.mode,
+        world="test" if stack.world else None,
+        timeout=300,
+        store=opts.store,
+        label="prove peer",
+        stop=stop,
+        uid=PEER_UID,
+    )
+    thread = threading.Thread(target=lambda: run_in(stack, peer_opts), daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait_for_peer(stack: Stack, peer: threading.Thread) -> str | None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and peer.is_alive():
+        with stack.gateway.client() as ctl:
+            guests = ctl.call("status")["guests"]
+        for g in guests.values():
+            if g.get("uid") == PEER_UID:
+                return str(g["address"])
+        time.sleep(0.1)
+    return None
+
+
+# -- judging ---------------------------------------------------------------------------------------
+
+
+def _judge(
+    probe: Probe, seen: dict[str, Any] | None, events: list[Event], upstream: list[dict[str, Any]]
+) -> ProbeResult:
+    def result(res: str, observed: str, logged: str, why: str = "") -> ProbeResult:
+        return ProbeResult(
+            probe.id,
+            probe.group,
+            probe.target,
+            probe.expected,
+            observed,
+            logged,
+            res,
+            why,
+            probe.why,
+        )
+
+    if seen is None:
+        return result("FAIL", "-", "-", "the driver did not report this probe")
+    observed = str(seen.get("observed"))
+    logged = _logged(probe, seen, events)
+    if observed == "error":
+        return result("FAIL", observed, logged, f"the probe broke: {seen.get('error')}")
+    if observed != probe.expected:
+        kind = "LEAK" if probe.expected == "deny" else "false block"
+        return result("FAIL", observed, logged, f"{kind}: {_detail(seen)}")
+    if not (logged == "yes" or logged.startswith("n/a")):
+        return result("FAIL", observed, logged, "the gateway did not record it as expected")
+    if probe.upstream_silent and any(
+        probe.upstream_silent in str(x.get("qname", "")) for x in upstream
+    ):
+        return result("FAIL", observed, logged, "the name reached the upstream DNS server")
+    return result("PASS", observed, logged)
+
+
+def _logged(probe: Probe, seen: dict[str, Any], events: list[Event]) -> str:
+    m = probe.match
+    if m is None:
+        return f"n/a: {probe.no_log_why}"
+    candidates = []
+    for e in events:
+        if str(e.kind) not in m.kinds:
+            continue
+        if (
+            m.dst is not None
+            and e.dst != m.dst
+            and not (e.kind.value == "http" and e.name == m.dst)
+        ):
+            continue
+        if m.port is not None and e.port not in (m.port, None):
+            continue
+        if m.name is not None and e.name != m.name:
+            continue
+        if m.protocol is not None and e.protocol != m.protocol:
+            continue
+        if (
+            m.by_sport
+            and seen.get("sport") is not None
+            and e.details.get("sport") not in (None, seen.get("sport"))
+        ):
+            continue
+        candidates.append(e)
+    if not candidates:
+        return "no"
+    if any(e.verdict == probe.expected for e in candidates):
+        return "yes"
+    return f"wrong: {candidates[0].verdict} ({candidates[0].reason})"
+
+
+def _detail(seen: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in seen.items() if k not in ("id", "observed"))
+
+
+def _observed(path: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            out[row["id"]] = row
+    return out
+
+
+def _events(run: RunResult, store: str | None) -> list[Event]:
+    s = Store(store) if store else Store()
+    try:
+        return s.events(session=run.session)
+    finally:
+        s.close()
+
+
+def _driver_path() -> Path:
+    return Path(str(resources.files("sandgate.prove").joinpath("driver.py")))
+
+
+def _networks(texts: tuple[str, ...]) -> list[Any]:
+    import ipaddress
+
+    return [ipaddress.ip_network(t) for t in texts]
+
+
+def _ip(text: str) -> Any:
+    import ipaddress
+
+    return ipaddress.ip_address(text)
