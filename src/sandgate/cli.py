@@ -423,29 +423,45 @@ def up(
         str | None, typer.Option("--world", help="'test': bring up the test world behind it")
     ] = None,
     instance: Annotated[str | None, typer.Option("--instance", help="name of this gateway")] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", "-p", help="default policy for runs on this gateway")
+    ] = None,
+    watchdog: Annotated[
+        str | None, typer.Option("--watchdog", help="check the gateway every DURATION (1s, 500ms)")
+    ] = None,
+    notify: Annotated[
+        str | None,
+        typer.Option("--notify", help="on an alarm: run this command, or POST to this URL"),
+    ] = None,
 ) -> None:
-    """Bring up a gateway and keep it until Ctrl-C or `sandgate down`."""
+    """Bring up a gateway and keep it until Ctrl-C or `sandgate down`; restart it if it dies."""
     import signal as _signal
+    import threading
     import time as _time
 
     from sandgate.gateway.config import run_dir
+    from sandgate.policy.load import load_policy
     from sandgate.sandbox.launch import preflight
     from sandgate.session.stack import bring_up
 
     if world not in (None, "test"):
         raise typer.BadParameter("the only world is 'test'", param_hint="--world")
+    interval = _duration(watchdog) if watchdog else None
     name = instance or ("test" if world == "test" else "main")
     try:
         preflight()
-        stack = bring_up(name, world=world == "test")
+        if policy is not None:
+            load_policy(policy)  # a broken policy file stops here, before anything is built
+        stack = bring_up(name, world=world == "test", watchdog=interval, notify=notify)
     except SandgateError as exc:
         _fail(exc)
         return
-    stopping = False
+    if policy is not None:
+        (run_dir(name) / "policy").write_text(str(Path(policy).resolve()))
+    stopping = threading.Event()
 
     def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        stopping.set()
 
     _signal.signal(_signal.SIGTERM, stop)
     _signal.signal(_signal.SIGINT, stop)
@@ -453,19 +469,64 @@ def up(
     err.print(
         f"gateway [bold]{name}[/bold] is up (pid {stack.gateway.pid})"
         + (" with the test world" if stack.world else "")
+        + (f", watchdog every {interval:g} s" if interval else "")
         + "; Ctrl-C or `sandgate down` stops it"
     )
-    code = 0
+    _print_alarms(stack, stopping)
     try:
-        while not stopping:
+        while not stopping.is_set():
             if not stack.gateway.alive():
-                err.print("[red]ALARM[/red] the gateway daemon died; its guests have no way out")
-                code = 1
-                break
+                err.print(
+                    "[red]ALARM[/red] the gateway daemon died; its guests have no way out "
+                    "while it is down. Restarting it."
+                )
+                try:
+                    stack.restart_gateway()
+                except SandgateError as exc:
+                    err.print(f"[red]ALARM[/red] the gateway could not be restarted: {exc}")
+                    raise typer.Exit(1) from None
+                err.print(f"gateway restarted (pid {stack.gateway.pid}); guests re-attached")
+                _print_alarms(stack, stopping)
             _time.sleep(0.2)
     finally:
         stack.teardown()
-    raise typer.Exit(code)
+    raise typer.Exit(0)
+
+
+def _duration(text: str) -> float:
+    value = text.strip().lower()
+    try:
+        if value.endswith("ms"):
+            return float(value[:-2]) / 1000
+        return float(value.removesuffix("s"))
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: write a duration like 1s or 500ms", param_hint="--watchdog"
+        ) from None
+
+
+def _print_alarms(stack: Any, stopping: Any) -> None:
+    """Alarms (integrity events) from the gateway, to our stderr, as they happen."""
+    import threading
+
+    def follow() -> None:
+        try:
+            with stack.gateway.client() as client:
+                for raw in client.stream("watch"):
+                    if stopping.is_set():
+                        return
+                    if raw.get("kind") == "integrity":
+                        d = raw.get("details") or {}
+                        err.print(
+                            f"[red]ALARM[/red] {d.get('integrity')}: "
+                            + "; ".join(d.get("problems", []))
+                            + (" — guests cut off" if d.get("cut") else ""),
+                            highlight=False,
+                        )
+        except (SandgateError, OSError, ValueError):
+            return
+
+    threading.Thread(target=follow, daemon=True).start()
 
 
 @app.command()

@@ -430,3 +430,16 @@ def local_answer(q: Question, address: str, ttl: int = 60) -> bytes:
         rrset = dns.rrset.from_text(dns.name.from_text(q.name), ttl, "IN", "A", address)
         resp.answer.append(rrset)
     return resp.to_wire()
+
+
+def refused_wire(wire: bytes) -> bytes | None:
+    """REFUSED for any query (the gateway is cut off); None when even the id is unreadable."""
+    if len(wire) < 12:
+        return None
+    try:
+        resp = dns.message.make_response(dns.message.from_wire(wire))
+        resp.set_rcode(dns.rcode.REFUSED)
+        return resp.to_wire()
+    except (dns.exception.DNSException, ValueError):
+        flags = 0x8000 | (wire[2] & 0x79) << 8 | dns.rcode.REFUSED
+        return wire[:2] + flags.to_bytes(2, "big") + bytes(8)

@@ -32,7 +32,7 @@ from sandgate.gateway import dnslogic
 from sandgate.gateway.attribution import FlowKey
 from sandgate.gateway.upstream import Upstream
 from sandgate.net.compile import PINNED_MAX_PORTS, GuestLink
-from sandgate.policy.decide import Attempt, Decision, Reason, decide, decide_name
+from sandgate.policy.decide import Attempt, Decision, Reason, allow, decide, decide_name
 from sandgate.policy.model import Mode, Protocol
 from sandgate.policy.profile import Profile
 
@@ -117,6 +117,8 @@ class Resolver:
         self._pin = pin
         self._cache: dict[tuple[str, bytes], _Entry] = {}
         self.questions = 0
+        self.cut = False  # the watchdog cut the gateway off: refuse every question
+        self.forward_everything = False  # fault injection (tests of `prove` only)
 
     async def start_guest(self, guest: GuestDNS) -> None:
         loop = asyncio.get_running_loop()
@@ -161,7 +163,10 @@ class Resolver:
         """Answer one question: ``reply`` is called once, with the answer (None: say nothing),
         at once or when the upstream has answered. No task per question: a question that must
         go upstream waits as a callback, which is what keeps forwarding fast."""
-        hit = self.cached(guest, wire, client, proto)
+        if self.cut:
+            reply(dnslogic.refused_wire(wire))  # the gateway is cut off: nothing is answered
+            return
+        hit = None if self.forward_everything else self.cached(guest, wire, client, proto)
         if hit is not None:
             reply(hit)
             return
@@ -184,6 +189,8 @@ class Resolver:
             reply(exc.reply)
             return
         decision = decide_name(guest.profile, q.name)
+        if self.forward_everything:  # a fault injected by a test: the resolver gone rogue
+            decision = allow(Reason.OPEN, detail="fault: forwarding everything")
         entry = self._local(guest, q, decision)
         if entry is not None:
             reply(self._answered(guest, wire, client, proto, entry))

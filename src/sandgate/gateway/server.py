@@ -19,12 +19,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store
-from sandgate.gateway import control, dnslogic
+from sandgate.gateway import control, dnslogic, registry
 from sandgate.gateway.attribution import Attributor, FlowKey
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.links import Plumber, guest_mac
@@ -33,7 +33,9 @@ from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
 from sandgate.gateway.resolver import GuestDNS, PinPorts, Resolver
+from sandgate.gateway.selfcheck import SelfCheck
 from sandgate.gateway.tlsgate import GateReader
+from sandgate.gateway.watchdog import Watchdog
 from sandgate.net import iptables, ns
 from sandgate.net.compile import (
     GROUP_ACCEPT,
@@ -76,6 +78,7 @@ class Guest:
     uidlog: NflogSocket | None = None
     proxy: ProxyGuest | None = None
     started: float = field(default_factory=time.time)
+    msg: dict[str, Any] = field(default_factory=dict)  # how it was added (for reloads, restarts)
 
 
 class Gateway:
@@ -104,6 +107,11 @@ class Gateway:
         self.plumber: Plumber = self.netlink.submit(Plumber).result()
         self._readers: list[NflogSocket] = []
         self._lock = asyncio.Lock()
+        self.gate: GateReader | None = None
+        self.check = SelfCheck(self)
+        self.watchdog: Watchdog | None = None
+        self.canary: Guest | None = None
+        self.canary_worker: ns.NsThread | None = None
 
     # -- start and stop -----------------------------------------------------------------------
 
@@ -130,6 +138,12 @@ class Gateway:
             sock = NflogSocket(group, timeout_cs=1)
             self._readers.append(sock)
             loop.add_reader(sock.fileno(), self._on_gateway_log, sock)
+        self.check.note()
+        await self._reattach()
+        if self.cfg.watchdog:
+            await self._start_canary()
+            self.watchdog = Watchdog(self.check, self.cfg.watchdog)
+            self.watchdog.start()
 
         run_dir = self.cfg.run_dir
         sock_path = self.cfg.control_path
@@ -162,6 +176,9 @@ class Gateway:
         self.stop.set()
 
     async def _shutdown(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        await self._stop_canary()
         for name in list(self.guests):
             with contextlib.suppress(Exception):
                 await self.remove_guest(name)
@@ -181,30 +198,165 @@ class Gateway:
         while True:
             await asyncio.sleep(FLUSH_INTERVAL)
             self.attributor.tick(time.monotonic())
-            self.gate.expire()
+            if self.gate is not None:
+                self.gate.expire()
             self._flush_events()
 
     async def _nl(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.netlink, fn, *args)
 
-    # -- guests -------------------------------------------------------------------------------
+    netlink_call = _nl
 
-    async def add_guest(self, msg: dict[str, Any]) -> dict[str, Any]:
-        async with self._lock:
-            index = next(
-                i for i in range(self.pool.num_addresses // 4) if f"g{i}" not in self.guests
+    def all_guests(self) -> list[Guest]:
+        return [*self.guests.values(), *([self.canary] if self.canary else [])]
+
+    def _profile_for(self, msg: dict[str, Any], policy: Any, link: GuestLink) -> Profile:
+        if msg.get("canary"):
+            # The canary: locked, no exemption; a denied probe must stay denied.
+            return Profile(
+                name="canary",
+                mode=Mode.LOCKED,
+                guest_pool=self.pool,
+                gateway_address=link.gateway,
+                public_override=self.public_override,
             )
-            link = GuestLink.from_pool(self.pool, index, guest_mac(index))
-            policy = load_policy(msg.get("policy"))
-            mode = Mode(msg["mode"]) if msg.get("mode") else None
-            profile = policy.profile(
+        return cast(
+            Profile,
+            policy.profile(
                 msg.get("profile"),
-                mode=mode,
+                mode=Mode(msg["mode"]) if msg.get("mode") else None,
                 extra_allow=msg.get("allow", ()),
                 extra_deny=msg.get("deny", ()),
                 public_override=self.public_override,
                 gateway_address=link.gateway,
+            ),
+        )
+
+    # -- restarts, the canary, reloads ---------------------------------------------------------
+
+    async def _reattach(self) -> None:
+        """After a restart: give the guests that still exist their links and rules back.
+
+        Their processes kept running while the gateway was gone (with no way out: their only
+        link died with the old gateway's namespace); they get the same addresses again."""
+        for name, index, msg in registry.load(self.cfg.run_dir):
+            if not ns.exists(str(msg.get("netns"))):
+                registry.forget(self.cfg.run_dir, name)
+                continue
+            try:
+                await self.add_guest(msg, index=index)
+            except Exception as exc:  # a guest that cannot come back must not stop the rest
+                sys.stderr.write(f"sandgate gateway: could not re-attach {name}: {exc}\n")
+                registry.forget(self.cfg.run_dir, name)
+                continue
+            self._emit(
+                Event(
+                    kind=Kind.GUEST,
+                    session=msg.get("session"),
+                    guest=name,
+                    details={"reattached": True},
+                )
             )
+
+    async def _start_canary(self) -> None:
+        name = f"sg-{self.cfg.instance}-canary"
+        with contextlib.suppress(SandgateError):
+            ns.remove(name)
+        ns.create(name)
+        index = self.pool.num_addresses // 4 - 1  # the pool's last /30
+        await self.add_guest(
+            {"netns": name, "canary": True, "session": None}, index=index, canary=True
+        )
+        self.canary_worker = ns.NsThread(name)
+
+    async def _stop_canary(self) -> None:
+        if self.canary_worker is not None:
+            self.canary_worker.close()
+            self.canary_worker = None
+        if self.canary is not None:
+            canary, self.canary = self.canary, None
+            self.guests[canary.link.ifname] = canary
+            with contextlib.suppress(Exception):
+                await self.remove_guest(canary.link.ifname)
+            with contextlib.suppress(SandgateError):
+                ns.remove(canary.netns)
+
+    def reload_policy(self, path: str) -> None:
+        """Apply a changed policy file to its guests; raises (keeping the old rules) if invalid."""
+        policy = load_policy(path)
+        changed = []
+        for guest in self.guests.values():
+            if guest.msg.get("policy") != path:
+                continue
+            profile = self._profile_for(guest.msg, policy, guest.link)
+            if profile != guest.profile:
+                changed.append((guest, profile))
+        for guest, profile in changed:
+            cmds, sites = guest_add(guest.link, profile, self.limits)
+            self.nft.run(
+                batch(*guest_remove(guest.link, guest.sites.values(), guest.profile.mode), *cmds)
+            )
+            guest.profile, guest.sites = profile, sites
+            self.sites.update(sites)
+            guest.dns.profile = profile
+            guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
+            if guest.proxy is not None:
+                guest.proxy.profile = profile
+            self._emit(
+                Event(
+                    kind=Kind.NOTICE,
+                    session=guest.session,
+                    guest=guest.link.ifname,
+                    details={"policy": "reloaded", "path": path},
+                )
+            )
+        self.check.note()
+
+    def emit_event(self, event: Event) -> None:
+        self._emit(event)
+
+    def _integrity_status(self) -> dict[str, Any]:
+        wd = self.watchdog
+        return {
+            "watchdog": self.cfg.watchdog,
+            "cut": bool(wd and wd.cut),
+            "drifts": wd.drifts if wd else 0,
+            "problems": wd.problems if wd else [],
+            "last_check": wd.last_check if wd else None,
+        }
+
+    def _fault(self, what: str) -> dict[str, Any]:
+        """Break a part on purpose (tests only: needs SANDGATE_FAULTS=1 in the daemon's env)."""
+        if os.environ.get("SANDGATE_FAULTS") != "1":
+            raise SandgateError(
+                "fault injection is off", "start the gateway with SANDGATE_FAULTS=1"
+            )
+        if what == "resolver":
+            for guest in self.all_guests():
+                _close_listeners(guest.dns)
+        elif what == "proxy":
+            for guest in self.all_guests():
+                if guest.proxy is not None:
+                    self.proxy.stop_guest(guest.proxy)
+        elif what == "resolver-open":
+            self.resolver.forward_everything = True
+        else:
+            raise SandgateError(f"unknown fault {what!r}", "resolver, proxy or resolver-open")
+        return {"fault": what}
+
+    # -- guests -------------------------------------------------------------------------------
+
+    async def add_guest(
+        self, msg: dict[str, Any], *, index: int | None = None, canary: bool = False
+    ) -> dict[str, Any]:
+        async with self._lock:
+            if index is None:
+                index = next(
+                    i for i in range(self.pool.num_addresses // 4 - 1) if f"g{i}" not in self.guests
+                )
+            link = GuestLink.from_pool(self.pool, index, guest_mac(index))
+            policy = load_policy(msg.get("policy"))
+            profile = self._profile_for(msg, policy, link)
             netns = msg["netns"]
             ns.check_ours(netns)
             undo: list[Any] = []
@@ -243,12 +395,27 @@ class Gateway:
                         step()
                 raise
             guest = Guest(
-                link, netns, msg.get("session"), profile, sites, dns, msg.get("uid"), uidlog, pg
+                link,
+                netns,
+                msg.get("session"),
+                profile,
+                sites,
+                dns,
+                msg.get("uid"),
+                uidlog,
+                pg,
+                msg=dict(msg),
             )
             asyncio.get_running_loop().add_reader(uidlog.fileno(), self._on_guest_log, guest)
+            self.sites.update(sites)
+            self.check.note()
+            if canary:
+                self.canary = guest
+                return {"guest": link.ifname, "address": str(link.guest)}
             self.guests[link.ifname] = guest
             self.by_address[str(link.guest)] = guest
-            self.sites.update(sites)
+            self.check.remember_policy(msg.get("policy"))
+            registry.save(self.cfg.run_dir, link.ifname, index, msg)
         self._emit(
             Event(
                 kind=Kind.GUEST,
@@ -304,6 +471,8 @@ class Gateway:
             await self._nl(self.plumber.detach_guest, guest.link)
             del self.guests[name]
             self.by_address.pop(str(guest.link.guest), None)
+            registry.forget(self.cfg.run_dir, name)
+            self.check.note()
         self._emit(
             Event(
                 kind=Kind.GUEST,
@@ -500,6 +669,8 @@ class Gateway:
         self.attributor.submit(key, event, time.monotonic())
 
     def _emit(self, event: Event) -> None:
+        if self.canary is not None and event.guest == self.canary.link.ifname:
+            return  # the canary's own traffic is the watchdog's business, not the log's
         if event.session is None and event.guest in self.guests:
             event = dataclasses.replace(event, session=self.guests[event.guest].session)
         if event.category is None and event.kind is Kind.CONN:
@@ -580,7 +751,18 @@ class Gateway:
                 "attributed": self.attributor.attributed,
                 "unattributed": self.attributor.unattributed,
                 "nflog_lost": sum(s.lost for s in self._readers),
+                "integrity": self._integrity_status(),
             }
+        if op == "check":
+            # One watchdog round now (tests and `sandgate status` use it).
+            wd = self.watchdog or Watchdog(self.check, 1.0)
+            problems = await wd.check()
+            return {"problems": problems, "integrity": self._integrity_status()}
+        if op == "reload":
+            self.reload_policy(str(msg["policy"]))
+            return {}
+        if op == "fault":
+            return self._fault(str(msg.get("what")))
         if op == "shutdown":
             self.stop.set()
             return {}

@@ -42,6 +42,7 @@ class GateReader:
         self._guest_of = guest_of
         self._emit = emit
         self.judged = 0
+        self.cut = False  # the watchdog cut the gateway off: every new flow is refused
 
     def fileno(self) -> int:
         return self.socket.fileno()
@@ -64,6 +65,9 @@ class GateReader:
         self.socket.close()
 
     def _judge(self, first: QueuedPacket, flight: bytes) -> bool | None:
+        if self.cut:
+            self._record(first, None, deny(Reason.PROTOCOL, "the gateway is cut off (integrity)"))
+            return False
         try:
             parsed = sni.parse_client_hello(flight)
         except sni.Malformed as exc:

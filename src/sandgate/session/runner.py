@@ -105,7 +105,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     sid = new_session_id()
     store = Store(opts.store) if opts.store else Store()
     world = stack.world
-    policy = opts.policy or (str(world.policy) if world is not None else None)
+    policy = opts.policy or stack.policy or (str(world.policy) if world is not None else None)
     uid = opts.uid or UID_BASE
     exit_code, message = 1, None
     counters: dict[str, Any] = {}

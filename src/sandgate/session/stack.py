@@ -33,6 +33,19 @@ class Stack:
     world: WorldInfo | None
     owned: bool = False
     _world: TestWorld | None = field(default=None, repr=False)
+    config: GatewayConfig | None = None
+    env: dict[str, str] | None = None
+    policy: str | None = None  # the default policy of runs on this gateway (`up --policy`)
+
+    def restart_gateway(self) -> GatewayHandle:
+        """A new daemon for a gateway that died: it gives the guests still alive their links
+        back (gateway/server.py, ``_reattach``) without restarting them."""
+        if self.config is None:
+            raise SandgateError("this gateway was not started here; restart it where it was")
+        with contextlib.suppress(Exception):
+            manage.stop(self.gateway)
+        self.gateway = manage.start(self.config, env=self.env)
+        return self.gateway
 
     def teardown(self) -> None:
         if not self.owned:
@@ -47,7 +60,12 @@ class Stack:
 
 
 def bring_up(
-    instance: str | None = None, *, world: bool, store: str | None = None, **gateway_extra: Any
+    instance: str | None = None,
+    *,
+    world: bool,
+    store: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    **gateway_extra: Any,
 ) -> Stack:
     """Start a gateway (and a test world for it). The caller must ``teardown()``."""
     name = instance or ("r" + secrets.token_hex(2))
@@ -62,10 +80,9 @@ def bring_up(
     handle: GatewayHandle | None = None
     try:
         info = tw.up() if tw is not None else None
-        handle = manage.start(
-            gateway_config(name, info, store, **gateway_extra),
-            env=info.gateway_env if info is not None else None,
-        )
+        config = gateway_config(name, info, store, **gateway_extra)
+        env = {**(info.gateway_env if info is not None else {}), **(extra_env or {})}
+        handle = manage.start(config, env=env)
         if info is not None:
             (run_dir(name) / "world.json").write_text(
                 json.dumps(dataclasses.asdict(info), default=str, indent=2)
@@ -78,14 +95,18 @@ def bring_up(
         shutil.rmtree(run_dir(name), ignore_errors=True)
         cleanup.disown(f"instance-{name}")
         raise
-    return Stack(name, handle, info, owned=True, _world=tw)
+    return Stack(name, handle, info, owned=True, _world=tw, config=config, env=env)
 
 
 def find_stack(instance: str) -> Stack | None:
     handle = manage.find(instance)
     if handle is None:
         return None
-    return Stack(instance, handle, load_world(run_dir(instance) / "world.json"))
+    try:
+        policy: str | None = (run_dir(instance) / "policy").read_text().strip()
+    except OSError:
+        policy = None
+    return Stack(instance, handle, load_world(run_dir(instance) / "world.json"), policy=policy)
 
 
 @contextlib.contextmanager

@@ -63,6 +63,7 @@ class Proxy:
         self.leaves = Leaves(self.ca)
         self.upstream_tls = upstream_context(extra_ca)
         self._guests: dict[str, _Listeners] = {}
+        self.cut = False  # the watchdog cut the gateway off: every connection is refused
 
     def ca_cert_pem(self) -> bytes:
         return self.ca.cert_pem
@@ -93,6 +94,10 @@ class Proxy:
         for t in ls.threads:
             t.start()
         self._guests[guest.link.ifname] = ls
+
+    def running(self, guest: ProxyGuest) -> bool:
+        ls = self._guests.get(guest.link.ifname)
+        return ls is not None and all(t.is_alive() for t in ls.threads)
 
     def stop_guest(self, guest: ProxyGuest) -> None:
         ls = self._guests.pop(guest.link.ifname, None)
@@ -136,6 +141,10 @@ class Proxy:
         peer: tuple[str, int],
         guest: ProxyGuest,
     ) -> None:
+        if self.cut:
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return
         try:
             handler(conn, peer, guest)
         except Exception:  # one bad connection must never take the proxy down

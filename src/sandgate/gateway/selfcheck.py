@@ -1,0 +1,178 @@
+"""The gateway's side of the watchdog (gateway/watchdog.py): probing itself, cutting guests off,
+repairing from what it knows, and reloading policies without ever falling back to open.
+
+Kept apart from server.py, which owns guests and the event loop; this module acts on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from sandgate.errors import SandgateError
+from sandgate.events.schema import Event
+from sandgate.gateway import integrity
+from sandgate.net import iptables
+from sandgate.net.compile import (
+    base_ruleset,
+    guest_add,
+    guest_remove,
+    inspect_elements,
+    pin_elements,
+)
+from sandgate.net.nft import batch
+
+if TYPE_CHECKING:
+    from sandgate.gateway.server import Gateway, Guest
+
+
+class SelfCheck:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self._expected = ""
+        self._policy_mtimes: dict[str, float] = {}
+
+    # -- the ruleset ------------------------------------------------------------------------------
+
+    def ruleset_digest(self) -> str:
+        listing = self.gw.nft.run({"nftables": [{"list": {"ruleset": {}}}]}) or {}
+        return integrity.ruleset_digest(list(listing.get("nftables", [])))
+
+    def expected_digest(self) -> str:
+        return self._expected
+
+    def note(self) -> None:
+        """The gateway changed its own rules: this is now what they must look like."""
+        self._expected = self.ruleset_digest()
+
+    # -- probes -----------------------------------------------------------------------------------
+
+    async def probe_canary(self) -> list[str]:
+        canary = self.gw.canary
+        if canary is None or self.gw.canary_worker is None:
+            return []
+        worker = self.gw.canary_worker
+        loop = asyncio.get_running_loop()
+        cut = self.gw.resolver.cut
+        denied = await loop.run_in_executor(
+            None, worker.call, lambda: integrity.canary_denied(cut)
+        )
+        return [f"canary: {denied}"] if denied else []
+
+    async def probe_services(self) -> list[str]:
+        canary, worker = self.gw.canary, self.gw.canary_worker
+        if canary is None or worker is None:
+            return []
+        loop = asyncio.get_running_loop()
+        gateway = str(canary.link.gateway)
+        problems = []
+        answered = await loop.run_in_executor(
+            None, worker.call, lambda: integrity.canary_answered(gateway)
+        )
+        if answered:
+            problems.append(f"resolver: {answered}")
+        accepts = await loop.run_in_executor(
+            None, worker.call, lambda: integrity.proxy_accepts(gateway, 3128)
+        )
+        if accepts:
+            problems.append(f"proxy: {accepts}")
+        return problems
+
+    # -- policies ---------------------------------------------------------------------------------
+
+    def policy_problems(self) -> list[str]:
+        """Reload what changed on disk. A file that became unreadable or invalid keeps the last
+        good policy in force, and is reported; it never turns anything open."""
+        problems: list[str] = []
+        for path in {g.msg.get("policy") for g in self.gw.guests.values()} - {None}:
+            assert path is not None
+            try:
+                mtime = os.stat(path).st_mtime
+            except OSError as exc:
+                problems.append(
+                    f"policy {path}: {exc.strerror}; the last good policy stays in force"
+                )
+                continue
+            if self._policy_mtimes.setdefault(path, mtime) == mtime:
+                continue
+            self._policy_mtimes[path] = mtime
+            try:
+                self.gw.reload_policy(path)
+            except SandgateError as exc:
+                first = str(exc).splitlines()[0]
+                problems.append(
+                    f"policy {path} is invalid ({first}); the last good policy stays in force"
+                )
+        return problems
+
+    def remember_policy(self, path: str | None) -> None:
+        if path is not None and path not in self._policy_mtimes:
+            with contextlib.suppress(OSError):
+                self._policy_mtimes[path] = os.stat(path).st_mtime
+
+    # -- cutting off and repairing ----------------------------------------------------------------
+
+    async def cut(self, why: str) -> None:
+        gw = self.gw
+        gw.resolver.cut = gw.proxy.cut = True
+        if gw.gate is not None:
+            gw.gate.cut = True
+        await gw.netlink_call(gw.plumber.disable_forwarding)
+
+    async def uncut(self) -> None:
+        gw = self.gw
+        gw.resolver.cut = gw.proxy.cut = False
+        if gw.gate is not None:
+            gw.gate.cut = False
+        await gw.netlink_call(gw.plumber.enable_forwarding)
+
+    async def repair(self) -> None:
+        """Re-apply every rule and restart every listener from what the gateway knows."""
+        gw = self.gw
+        cmds, sites = base_ruleset(
+            gw.cfg.uplink.ifname, gw.pool, public_override=gw.public_override, limits=gw.limits
+        )
+        gw.nft.run(batch(*cmds))
+        gw.sites.update(sites)
+        if gw.gate is not None:
+            iptables.install(gw.gate.gate)
+        for guest in gw.all_guests():
+            await self._repair_guest(guest)
+        self.note()
+
+    async def _repair_guest(self, guest: Guest) -> None:
+        gw = self.gw
+        cmds, sites = guest_add(guest.link, guest.profile, gw.limits)
+        with contextlib.suppress(SandgateError):
+            gw.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile.mode)))
+        gw.nft.run(batch(*cmds))
+        guest.sites = sites
+        gw.sites.update(sites)
+        # What the resolver pinned before the rules were lost, pinned again.
+        repins: list[dict[str, Any]] = []
+        for (address, ports), _until in guest.dns.pinned.items():
+            if guest.profile.mode.value == "allowlist":
+                repins.append(pin_elements(guest.link, address, 300, ports, gw.limits))
+            if guest.profile.inspect:
+                repins.append(inspect_elements(guest.link, [address], 300, gw.limits))
+        if repins:
+            with contextlib.suppress(SandgateError):
+                gw.nft.run(batch(*repins))
+        if guest.dns.udp is None or guest.dns.udp.is_closing():
+            await gw.resolver.start_guest(guest.dns)
+        if guest.proxy is not None and not gw.proxy.running(guest.proxy):
+            gw.proxy.stop_guest(guest.proxy)
+            gw.proxy.start_guest(guest.proxy)
+
+    # -- telling people ----------------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        self.gw.emit_event(event)
+
+    def notify(self, payload: dict[str, Any]) -> None:
+        target = self.gw.cfg.notify
+        if target:
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(None, integrity.alarm, target, payload)
