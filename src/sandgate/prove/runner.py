@@ -119,7 +119,8 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 placeholder=placeholder,
             )
             holder["probes"] = catalogue(ctx)
-            probes_file.write_text(json.dumps([p.as_driver() for p in holder["probes"]]))
+            runnable = [p for p in holder["probes"] if world is not None or not p.needs_world]
+            probes_file.write_text(json.dumps([p.as_driver() for p in runnable]))
             return {PROBES_TARGET: probes_file}
 
         upstream_before = len(read_log(world.logs["dns"])) if world else 0
@@ -142,7 +143,22 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
         observed = _observed(work / "results.jsonl")
         events = _events(run, opts.store)
         upstream = read_log(world.logs["dns"])[upstream_before:] if world else []
-        results = [_judge(p, observed.get(p.id), events, upstream) for p in holder["probes"]]
+        results = [
+            _judge(p, observed.get(p.id), events, upstream)
+            if world is not None or not p.needs_world
+            else ProbeResult(
+                p.id,
+                p.group,
+                p.target,
+                p.expected,
+                "-",
+                "-",
+                "SKIP",
+                "needs the test world (its hosts and tripwires)",
+                p.why,
+            )
+            for p in holder["probes"]
+        ]
         report = run.report
         return ProveResult(
             report.mode or "", report.profile or "", policy_path, run.session, results
