@@ -339,10 +339,7 @@ def prove(
         return
     if json_out:
         for r in result.results:
-            row = r.as_json()
-            if r.result != "SKIP":
-                row.pop("why", None) if not row.get("why") else None
-            print(json.dumps(row))
+            print(json.dumps(r.as_json()))
     else:
         out.print(prove_table(result))
         totals = result.totals()
