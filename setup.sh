@@ -16,7 +16,8 @@ fi
 
 # Kernel plumbing, the sandbox, and the real clients tests run inside sandboxes.
 packages=(nftables bubblewrap iproute2 util-linux procps curl git ca-certificates
-          passt iptables python3 python3-venv python3-dev gcc dnsutils iputils-ping netcat-openbsd)
+          passt iptables python3 python3-venv python3-pip python3-dev gcc dnsutils iputils-ping
+          netcat-openbsd jq)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,6 +42,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "$want" > "$stamp"
 fi
 ln -sf "$venv/bin/sandgate" /usr/local/bin/sandgate
+
+# A real agent framework (Hermes Agent, from PyPI) in its own venv outside every sandbox's
+# writable area, for `sandgate suite --agent hermes` and its test. Idempotent (a lock stamp).
+if [ "${SANDGATE_NO_AGENTS:-}" != 1 ]; then
+    "$venv/bin/python" -m sandgate.agents.frameworks install hermes >/dev/null ||
+        echo "setup.sh: hermes-agent could not be installed; its tests will be skipped" >&2
+fi
 
 case "${1:-}" in
     "") ;;

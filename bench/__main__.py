@@ -1,4 +1,4 @@
-"""``python -m bench foundation [--json] [--quick] [--only PART ...]`` (``bench/run`` runs it)."""
+"""``python -m bench foundation|proxy [--json] [--quick] [--only PART ...]`` (``bench/run``)."""
 
 from __future__ import annotations
 
@@ -26,23 +26,40 @@ def _clean(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__)
-    parser.add_argument("suite", choices=["foundation"])
+    parser.add_argument("suite", choices=["foundation", "proxy"])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter runs (< 1 min)")
     parser.add_argument(
-        "--only", action="append", choices=sorted(PARTS), help="run only this part (repeatable)"
+        "--quick",
+        action="store_true",
+        help="fewer, shorter runs (foundation < 1 min, proxy < 90 s)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(PARTS),
+        help="foundation: run only this part (repeatable)",
     )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.stderr.write("bench/run needs root (namespaces, links, nftables)\n")
         return 2
-    parts = [p for p in PARTS if not args.only or p in args.only]
-    with signals_raise():
-        result = main_foundation(parts, args.quick)
+    if args.suite == "proxy":
+        from bench import proxy
+
+        if args.only:
+            parser.error("--only is for the foundation suite")
+        with signals_raise():
+            result = proxy.main_proxy(args.quick)
+        text = proxy.render(result)
+    else:
+        parts = [p for p in PARTS if not args.only or p in args.only]
+        with signals_raise():
+            result = main_foundation(parts, args.quick)
+        text = render(result)
     if args.json:
         sys.stdout.write(json.dumps(_clean(result), indent=2) + "\n")
     else:
-        sys.stdout.write(render(result) + "\n")
+        sys.stdout.write(text + "\n")
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Reads ``https://NAME/sse?n=N&interval_ms=I`` from the bench's TLS source, directly (the name
 resolved by the system resolver, or ``--address``) or through an explicit proxy (``--proxy
-HOST:PORT``, or ``--proxy-env`` for ``$HTTPS_PROXY``: CONNECT, then TLS inside the tunnel), and prints one line::
+HOST:PORT``, or ``--proxy-env`` for ``$HTTPS_PROXY``: CONNECT, then TLS inside the tunnel),
+and prints one line::
 
     SSE TAG <delay ms> <delay ms> ...       (arrival time minus the server's stamp, per event)
 

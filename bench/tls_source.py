@@ -67,6 +67,7 @@ def _add_name(bs: BenchStack) -> None:
         for p in bs.net.procs
         if isinstance(p.args, list) and f"--listen-address={UPSTREAM}" in p.args
     )
+    assert isinstance(old.args, list)
     argv = [str(a) for a in old.args]
     argv = [*argv[argv.index("dnsmasq") :], f"--address=/{NAME}/{ADDRESS}"]
     stop(old)
@@ -87,7 +88,7 @@ def wait_tcp(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
         out = run(["ip", "netns", "exec", netns, "ss", "-Hltn"], check=False).stdout
         if want in out:
             return

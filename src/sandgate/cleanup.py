@@ -1,7 +1,8 @@
 """``sandgate cleanup``: remove what sandgate left behind after a crash, and only that.
 
 Kernel objects: network namespaces named ``sg-…``, links named ``sg-…`` in the host namespace,
-nftables tables named ``sandgate…`` in the host namespace. Processes: gateway daemons and
+nftables tables named ``sandgate…`` in the host namespace, session disks (tmpfs mounts whose
+source is ``sandgate``) under the sessions folder. Processes: gateway daemons and
 test-world servers, found by the pid files sandgate wrote and killed by pid only after their
 command line confirms they are ours. Objects still owned by a live sandgate process are left
 alone unless ``everything`` is asked for.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from sandgate.gateway.config import RUN_ROOT
 from sandgate.net import ns
+from sandgate.sandbox.workspace import SESSIONS_ROOT, our_mounts, unmount
 
 OWNERS = RUN_ROOT / "owners"
 
@@ -30,11 +32,12 @@ class CleanupResult:
     namespaces: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
 
     @property
     def nothing(self) -> bool:
-        return not (self.processes or self.namespaces or self.links or self.tables)
+        return not (self.processes or self.namespaces or self.links or self.tables or self.mounts)
 
 
 def own(name: str, pid: int | None = None) -> None:
@@ -91,12 +94,26 @@ def cleanup(everything: bool = False) -> CleanupResult:
         result.namespaces.append(name)
     _host_links(result, everything)
     _host_tables(result, everything)
+    _session_mounts(result, everything)
     if everything or not result.kept:
         with contextlib.suppress(FileNotFoundError):
             for entry in OWNERS.iterdir():
                 if everything or not owned(entry.name):
                     entry.unlink()
     return result
+
+
+def _session_mounts(result: CleanupResult, everything: bool) -> None:
+    """Session disks (tmpfs named ``sandgate`` under the sessions folder) of dead sessions."""
+    for mountpoint in our_mounts(SESSIONS_ROOT):
+        owner = f"mount-{mountpoint.name}"
+        if owned(owner) and not everything:
+            result.kept.append(str(mountpoint))
+            continue
+        unmount(mountpoint)
+        shutil.rmtree(mountpoint, ignore_errors=True)
+        disown(owner)
+        result.mounts.append(str(mountpoint))
 
 
 def _instance_owned(name: str) -> bool:

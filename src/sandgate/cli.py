@@ -16,6 +16,8 @@ from sandgate.errors import PolicyError, SandgateError
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # Help texts hold brackets (TARGET[:PORTS][/PROTO]); they are text, not rich markup.
+    rich_markup_mode=None,
     help="Run AI agents so that they reach the model server and what you allow, nothing else; "
     "every network attempt is logged; real credentials never enter the sandbox.",
 )
@@ -34,16 +36,52 @@ ModeOpt = Annotated[
     typer.Option("--mode", "-m", help="override the internet mode: locked, open or allowlist"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+NotifyOpt = Annotated[
+    str | None,
+    typer.Option("--notify", help="command (gets $SANDGATE_ALARM) or URL told when it ends"),
+]
 
 
 def _fail(exc: SandgateError, code: int = 2) -> None:
+    from sandgate.session.tasks import TaskFileError
+
     if isinstance(exc, PolicyError):
-        err.print(f"[red]policy error[/red]\n{exc}", highlight=False)
+        kind = "task file error" if isinstance(exc, TaskFileError) else "policy error"
+        err.print(f"[red]{kind}[/red]")
+        err.print(str(exc), highlight=False, markup=False)
     else:
         err.print(f"[red]sandgate:[/red] {exc.message}", highlight=False)
         if exc.fix:
             err.print(f"  fix: {exc.fix}", highlight=False)
     raise typer.Exit(code)
+
+
+def _session_row(store: Any, session: str) -> Any:
+    """The session called ``session`` ("last" for the latest), or a clear exit."""
+    row = store.session(session)
+    if row is None:
+        store.close()
+        _fail(
+            SandgateError(
+                f"no session {session!r} in {store.path}",
+                "list sessions with `sandgate log --sessions`",
+            )
+        )
+    return row
+
+
+def _size(text: str, flag: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: write a size such as 512M or 2G", param_hint=flag
+        ) from None
+    if value < 1 << 20:
+        raise typer.BadParameter(f"{text!r} is less than 1M", param_hint=flag)
+    return value
 
 
 def _mode(value: str | None) -> str | None:
@@ -87,9 +125,31 @@ def run(
     instance: Annotated[
         str | None, typer.Option("--instance", help="use this running gateway")
     ] = None,
+    fixtures: Annotated[
+        Path | None, typer.Option("--fixtures", help="copy this directory into the fresh /work")
+    ] = None,
+    home_template: Annotated[
+        Path | None,
+        typer.Option("--home-template", help="copy this directory into the fresh agent home"),
+    ] = None,
+    copy_links: Annotated[
+        bool,
+        typer.Option(
+            "--copy-links", help="copy what links outside fixtures/home point to (default: refuse)"
+        ),
+    ] = False,
+    disk: Annotated[
+        str, typer.Option("--disk", help="the session's disk: work, home and scratch (e.g. 2G)")
+    ] = "1G",
+    keep_writes: Annotated[
+        bool,
+        typer.Option("--keep-writes", help="write the home's changes back to --home-template"),
+    ] = False,
+    notify: NotifyOpt = None,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
     from sandgate.report.render import print_report
+    from sandgate.sandbox.workspace import WorkspaceSpec
     from sandgate.session.runner import RunOptions
     from sandgate.session.runner import run as run_session
 
@@ -101,6 +161,14 @@ def run(
         if not sep or not key:
             raise typer.BadParameter(f"{item!r}: write NAME=VALUE", param_hint="--env")
         extra_env[key] = value
+    if keep_writes and home_template is None:
+        raise typer.BadParameter(
+            "--keep-writes writes the home's changes back to --home-template: give one",
+            param_hint="--keep-writes",
+        )
+    for flag, folder in (("--fixtures", fixtures), ("--home-template", home_template)):
+        if folder is not None and not folder.is_dir():
+            raise typer.BadParameter(f"{folder} is not a directory", param_hint=flag)
     opts = RunOptions(
         command=command,
         policy=policy,
@@ -114,6 +182,15 @@ def run(
         uid=uid,
         env=extra_env,
         instance=instance,
+        space=WorkspaceSpec(
+            fixtures=fixtures,
+            home_template=home_template,
+            copy_links=copy_links,
+            disk=_size(disk, "--disk"),
+            keep_writes=keep_writes,
+        ),
+        capture=not sys.stdin.isatty(),
+        notify=notify,
     )
     try:
         result = run_session(opts)
@@ -221,18 +298,7 @@ def log(
                 )
         return
     try:
-        sid = None
-        if session is not None:
-            row = store.session(session)
-            if row is None:
-                _fail(
-                    SandgateError(
-                        f"no session {session!r} in {store.path}",
-                        "list sessions with `sandgate log --sessions`",
-                    )
-                )
-                return
-            sid = row.id
+        sid = _session_row(store, session).id if session is not None else None
         events = store.events(session=sid, kinds=kinds, limit=limit)
     finally:
         store.close()
@@ -241,6 +307,97 @@ def log(
             print(json.dumps(e.as_json()))
     else:
         out.print(events_table(events))
+
+
+@app.command()
+def suite(
+    tasks: Annotated[
+        Path, typer.Argument(help="task file (TOML), e.g. examples/tasks/report-000.toml")
+    ],
+    agent: Annotated[
+        str,
+        typer.Option("--agent", "-a", help="built-in agent (scripted, ...) or a command template"),
+    ] = "scripted",
+    modes: Annotated[
+        str | None, typer.Option("--modes", help="comma-separated, e.g. locked,open")
+    ] = None,
+    only: Annotated[
+        str | None, typer.Option("--only", help="comma-separated task ids to run")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="seconds per session (overrides the file)")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="one JSON object per task and mode, per line")
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show the agent's output")
+    ] = False,
+    notify: NotifyOpt = None,
+) -> None:
+    """Run every task of a task file in each mode, each in a fresh session; a results table."""
+    from sandgate.agents.registry import resolve
+    from sandgate.report.render import suite_table
+    from sandgate.session.suite import Row, SuiteOptions, run_suite
+
+    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else None
+    for m in mode_list or ():
+        _mode(m)
+
+    def on_row(row: Row) -> None:
+        if json_out:
+            print(json.dumps(row.as_json()), flush=True)
+        else:
+            flagged = f"  {len(row.flagged_claims)} claim(s) flagged" if row.flagged_claims else ""
+            err.print(
+                f"{row.task:5} {row.mode:9} {row.outcome:8} {row.session}{flagged}",
+                highlight=False,
+            )
+
+    try:
+        opts = SuiteOptions(
+            tasks=tasks,
+            agent=resolve(agent),
+            modes=mode_list,
+            only=tuple(t.strip() for t in only.split(",")) if only else (),
+            timeout=timeout,
+            echo=verbose,
+            notify=notify,
+            on_row=on_row,
+        )
+        result = run_suite(opts)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if not json_out:
+        wide = out if out.is_terminal else Console(width=160)
+        wide.print(suite_table(result))
+        share = result.attribution_share()
+        if share is not None:
+            out.print(f"TCP attempts traced to a process: {100 * share:.1f}%")
+        out.print(f"saved: {result.saved}", highlight=False)
+
+
+@app.command()
+def report(
+    session: Annotated[str, typer.Option("--session", "-s", help="session id or 'last'")] = "last",
+    json_out: JsonOpt = False,
+) -> None:
+    """What a session reached for, what it changed, which claims the evidence contradicts."""
+    from sandgate.events.store import Store
+    from sandgate.report.render import print_report
+    from sandgate.report.session import build_report
+
+    store = Store()
+    try:
+        row = _session_row(store, session)
+        r = build_report(row, store.events(session=row.id), row.details.get("counters"))
+    finally:
+        store.close()
+    if json_out:
+        print(json.dumps({"session": r.session, **r.as_json()}))
+    else:
+        print_report(r, out)
 
 
 @app.command()
@@ -377,6 +534,7 @@ def cleanup(
         ("namespaces", result.namespaces),
         ("links", result.links),
         ("nftables tables", result.tables),
+        ("session mounts", result.mounts),
     ):
         if items:
             out.print(f"removed {label}: {', '.join(str(i) for i in items)}")

@@ -27,6 +27,12 @@ PROBE_TIMEOUT = 1.0
 
 def ruleset_digest(listing: list[dict[str, Any]]) -> str:
     """A stable hash of the gateway's tables (``nft -j list ruleset`` objects)."""
+    return hashlib.sha256("\n".join(ruleset_lines(listing)).encode()).hexdigest()
+
+
+def ruleset_lines(listing: list[dict[str, Any]]) -> list[str]:
+    """The gateway's tables as sorted canonical lines, without handles and counts: equal
+    lines mean equal rules, and a diff of two listings shows what was added or taken away."""
     keep: list[Any] = []
     for item in listing:
         ((kind, body),) = item.items()
@@ -46,8 +52,7 @@ def ruleset_digest(listing: list[dict[str, Any]]) -> str:
         if kind == "set" and "timeout" in body.get("flags", []):
             body.pop("elem", None)
         keep.append({kind: body})
-    text = json.dumps(sorted(keep, key=lambda x: json.dumps(x, sort_keys=True)), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return sorted(json.dumps(x, sort_keys=True) for x in keep)
 
 
 def _without_counts(expr: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sandgate.errors import NetError
@@ -82,6 +83,11 @@ class Plumber:
 
     def disable_forwarding(self) -> None:
         ns.write_sysctls({"net.ipv4.ip_forward": "0"})
+
+    @staticmethod
+    def forwarding() -> bool:
+        """Is IPv4 forwarding on in this (the gateway's) namespace?"""
+        return Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
 
     def link_sysctls(self, ifname: str) -> None:
         ns.write_sysctls(

@@ -37,8 +37,14 @@ class SelfCheck:
     # -- the ruleset ------------------------------------------------------------------------------
 
     def ruleset_digest(self) -> str:
+        return integrity.ruleset_digest(self._listing())
+
+    def ruleset_lines(self) -> list[str]:
+        return integrity.ruleset_lines(self._listing())
+
+    def _listing(self) -> list[dict[str, Any]]:
         listing = self.gw.nft.run({"nftables": [{"list": {"ruleset": {}}}]}) or {}
-        return integrity.ruleset_digest(list(listing.get("nftables", [])))
+        return list(listing.get("nftables", []))
 
     def expected_digest(self) -> str:
         return self._expected
@@ -56,9 +62,7 @@ class SelfCheck:
         worker = self.gw.canary_worker
         loop = asyncio.get_running_loop()
         cut = self.gw.resolver.cut
-        denied = await loop.run_in_executor(
-            None, worker.call, lambda: integrity.canary_denied(cut)
-        )
+        denied = await loop.run_in_executor(None, worker.call, lambda: integrity.canary_denied(cut))
         return [f"canary: {denied}"] if denied else []
 
     async def probe_services(self) -> list[str]:

@@ -325,6 +325,21 @@ class Gateway:
             "last_check": wd.last_check if wd else None,
         }
 
+    def _snapshot(self) -> dict[str, Any]:
+        """What an agent might change to get online, as the gateway holds it (session drift)."""
+        return {
+            "ruleset": self.check.ruleset_lines(),
+            "digest": self.check.ruleset_digest(),
+            "expected": self.check.expected_digest(),
+            "resolver": {
+                "upstream": list(self.resolver.upstream.servers),
+                "cut": self.resolver.cut,
+                "forward_everything": self.resolver.forward_everything,
+            },
+            "proxy": {"cut": self.proxy.cut},
+            "forwarding": self.plumber.forwarding(),
+        }
+
     def _fault(self, what: str) -> dict[str, Any]:
         """Break a part on purpose (tests only: needs SANDGATE_FAULTS=1 in the daemon's env)."""
         if os.environ.get("SANDGATE_FAULTS") != "1":
@@ -440,6 +455,7 @@ class Gateway:
             "proxy": f"http://{link.gateway}:{EXPLICIT_PORT}",
             "ca": self.proxy.ca_cert_pem().decode(),
             "secrets": sandbox_view(secrets),
+            "model_hosts": profile.model_hosts(),
         }
 
     async def remove_guest(self, name: str) -> dict[str, Any]:
@@ -754,10 +770,13 @@ class Gateway:
                 "integrity": self._integrity_status(),
             }
         if op == "check":
-            # One watchdog round now (tests and `sandgate status` use it).
-            wd = self.watchdog or Watchdog(self.check, 1.0)
-            problems = await wd.check()
+            # One watchdog round now (tests, `sandgate status` and session drift checks use it).
+            if self.watchdog is None:
+                self.watchdog = Watchdog(self.check, 0)  # not started: rounds on request only
+            problems = await self.watchdog.check()
             return {"problems": problems, "integrity": self._integrity_status()}
+        if op == "snapshot":
+            return self._snapshot()
         if op == "reload":
             self.reload_policy(str(msg["policy"]))
             return {}

@@ -103,6 +103,21 @@ class Profile:
     def front(self, name: str | None) -> Front | None:
         return next((f for f in self.fronts if f.name == name), None)
 
+    def model_hosts(self) -> list[str]:
+        """Where the agent's model lives, as far as the profile tells: fronted services,
+        hosts that get an injected API key, and single private addresses it exempts (the LAN
+        model server). Their traffic is the framework's, never evidence for an answer's claim."""
+        hosts: set[str] = set()
+        for f in self.fronts:
+            hosts |= {f.name, str(f.address)}
+        for secret in self.secrets:
+            hosts |= set(secret.hosts)
+        for rule in self.allow:
+            net = rule.spec.network
+            if net is not None and net.num_addresses == 1 and net.network_address.is_private:
+                hosts.add(str(net.network_address))
+        return sorted(hosts)
+
 
 @dataclass(frozen=True)
 class Front:

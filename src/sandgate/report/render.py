@@ -77,7 +77,103 @@ def session_tables(r: SessionReport, title: str | None = None) -> Group:
         parts.append(Text("totals  " + totals))
     if r.uids:
         parts.append(Text("uids  " + ", ".join(str(u) for u in r.uids)))
+    parts += findings(r)
     return Group(*parts)  # type: ignore[arg-type]
+
+
+STRAYS_SHOWN = 15
+
+
+def findings(r: SessionReport) -> list[object]:
+    """What the session changed and claimed: stray writes, drift, privilege attempts, claims."""
+    parts: list[object] = []
+    attribution = r.attribution
+    if attribution.get("tcp_attempts"):
+        parts.append(
+            Text(
+                f"process attribution  {attribution.get('tcp_attributed', 0)}/"
+                f"{attribution['tcp_attempts']} TCP attempts "
+                f"({100 * attribution.get('tcp_share', 0):.0f}%) traced to a process"
+            )
+        )
+    parts += _strays(r.writes)
+    parts += _drift(r.drift)
+    if r.privilege:
+        tools = ", ".join(f"{p['tool']} {p['args']}".strip() for p in r.privilege[:5])
+        parts.append(Text(f"privilege attempts: {len(r.privilege)} ({tools})", style="yellow"))
+    if r.claims:
+        table = Table(title="claims in the final answer", title_justify="left")
+        for col in ("claim", "verdict", "evidence"):
+            table.add_column(col, overflow="fold")
+        for c in r.claims:
+            style = "red" if c.get("verdict") == "unsupported" else "green"
+            table.add_row(
+                Text(str(c.get("text", ""))),
+                Text(str(c.get("verdict", "")), style=style),
+                Text("; ".join(str(e) for e in c.get("evidence", []))),
+            )
+        parts.append(table)
+    return parts
+
+
+def _strays(writes: dict[str, object]) -> list[object]:
+    strays = writes.get("strays") or []
+    assert isinstance(strays, list)
+    out: list[object] = []
+    if writes.get("disk_full"):
+        limit = int(str(writes.get("disk_limit", 0))) >> 20
+        out.append(Text(f"the session's disk ({limit} MiB) filled up", style="red"))
+    if not strays:
+        if writes:
+            out.append(Text("writes outside the work dir: none"))
+        return out
+    table = Table(
+        title=f"writes outside the work dir ({len(strays)}, kept in {writes.get('quarantine')})",
+        title_justify="left",
+    )
+    for col in ("path", "change", "size", "sha256"):
+        table.add_column(col, overflow="fold")
+    for s in strays[:STRAYS_SHOWN]:
+        sha = s.get("sha256") or (f"-> {s['target']}" if s.get("target") else "")
+        table.add_row(Text(s["path"]), s["change"], str(s.get("size", "")), (sha or "")[:16])
+    if len(strays) > STRAYS_SHOWN:
+        table.add_row(f"... and {len(strays) - STRAYS_SHOWN} more", "", "", "")
+    out.append(table)
+    if writes.get("kept_writes"):
+        out.append(Text(f"--keep-writes: home changes written back to {writes['kept_writes']}"))
+    return out
+
+
+def _drift(drift: dict[str, object]) -> list[object]:
+    items = drift.get("items") or []
+    assert isinstance(items, list)
+    if not drift:
+        return []
+    if not items:
+        return [Text("drift: none (gateway, resolver, hosts, pip, apt, git, proxy settings)")]
+    out: list[object] = []
+    if drift.get("gateway_changed"):
+        restored = drift.get("gateway_restored")
+        out.append(
+            Text(
+                "the gateway's ruleset was changed during the session; "
+                + ("restored" if restored else "NOT restored: the gateway stays cut off"),
+                style="red",
+            )
+        )
+    table = Table(title="drift (before → after)", title_justify="left")
+    table.add_column("what")
+    table.add_column("change")
+    table.add_column("diff", overflow="fold")
+    for item in items:
+        lines = [
+            ln
+            for ln in str(item.get("diff", "")).splitlines()
+            if ln[:1] in "+-" and not ln.startswith(("+++", "---"))
+        ]
+        table.add_row(Text(item["what"]), item["change"], Text("\n".join(lines[:6])))
+    out.append(table)
+    return out
 
 
 def print_report(
@@ -195,4 +291,70 @@ def prove_table(result: object) -> Table:
         )
         if r.result == "FAIL" and r.why:
             table.add_row("", Text(f"  ↳ {r.why}", style="red"), "", "", "", "", "")
+    return table
+
+
+def _names_cell(names: list[str]) -> str:
+    # Reverse lookups (ping, ss) are noise in a one-line summary; the JSON keeps them.
+    shown = [n for n in names if not n.endswith(".arpa")]
+    extra = len(names) - len(shown[:3])
+    return ", ".join(shown[:3]) + (f" +{extra}" if extra > 0 else "") or "-"
+
+
+OUTCOME_STYLE = {"pass": "green", "partial": "yellow", "fail": "red", "error": "red"}
+
+
+def suite_table(result: object) -> Table:
+    """One row per task and mode: outcome, what it reached for, what it changed and claimed."""
+    from sandgate.session.suite import SuiteResult
+
+    assert isinstance(result, SuiteResult)
+    table = Table(title=f"suite {result.name} ({result.agent} agent)", title_justify="left")
+    for col in (
+        "task",
+        "mode",
+        "outcome",
+        "names asked",
+        "connections",
+        "strays",
+        "drift",
+        "sudo",
+        "flagged claims",
+        "session",
+    ):
+        table.add_column(col, overflow="fold")
+    for r in result.rows:
+        conns = " ".join(
+            f"{cat} {v} {n}" for cat, counts in r.connections.items() for v, n in counts.items()
+        )
+        table.add_row(
+            r.task,
+            r.mode,
+            Text(r.outcome, style=OUTCOME_STYLE.get(r.outcome, "")),
+            Text(_names_cell(r.names)),
+            Text(conns or "-"),
+            str(len(r.strays)) if r.strays else "-",
+            Text(", ".join(r.drift)) if r.drift else "-",
+            str(r.sudo_attempts) if r.sudo_attempts else "-",
+            Text(
+                "; ".join(str(c.get("text", ""))[:60] for c in r.flagged_claims) or "-",
+                style="red" if r.flagged_claims else "",
+            ),
+            r.session or "-",
+        )
+    table.add_section()
+    summary = result.summary()
+    for mode, counts in summary.items():
+        table.add_row(
+            "total",
+            mode,
+            " ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+        )
     return table

@@ -78,11 +78,26 @@ class SessionReport:
     requests: list[Request]
     counters: dict[str, Any]
     message: str | None = None
+    # Findings the runner computed around the command (see session/runner.py): writes outside
+    # the work dir, drift, privilege attempts, the work dir's new files, claims, attribution.
+    writes: dict[str, Any] = field(default_factory=dict)
+    drift: dict[str, Any] = field(default_factory=dict)
+    privilege: list[dict[str, Any]] = field(default_factory=list)
+    work_changes: list[dict[str, Any]] = field(default_factory=list)
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    attribution: dict[str, Any] = field(default_factory=dict)
+    answer: str | None = None
+    output: str | None = None
+
+    @property
+    def flagged_claims(self) -> list[dict[str, Any]]:
+        return [c for c in self.claims if c.get("verdict") == "unsupported"]
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["names_allowed"] = sorted({n.name for n in self.names if n.verdict == "allow"})
         out["names_denied"] = sorted({n.name for n in self.names if n.verdict == "deny"})
+        out["flagged_claims"] = self.flagged_claims
         return out
 
 
@@ -155,6 +170,7 @@ def build_report(
             r.verdict or "?"
         ] += 1
     uids = sorted({e.uid for e in events if e.uid is not None})
+    details = session.details if session is not None else {}
     duration = None
     if session is not None and session.ended is not None:
         duration = round(session.ended - session.started, 3)
@@ -175,5 +191,13 @@ def build_report(
         uids=uids,
         requests=requests,
         counters=counters or {},
-        message=(session.details.get("message") if session else None),
+        message=details.get("message"),
+        writes=details.get("writes", {}),
+        drift=details.get("drift", {}),
+        privilege=details.get("privilege", []),
+        work_changes=details.get("work_changes", []),
+        claims=details.get("claims", []),
+        attribution=details.get("attribution", {}),
+        answer=details.get("answer"),
+        output=details.get("output"),
     )

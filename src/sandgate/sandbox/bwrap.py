@@ -26,6 +26,8 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEM_DIRS = ("/usr", "/etc", "/opt", "/var")
 MERGED_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 HIDDEN = ("/var/lib/sandgate", "/var/tmp", "/var/run", "/var/lock", "/etc/sandgate")
+SCRATCH_AREAS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+SCRATCH_TMPFS = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class SandboxSpec:
     files: dict[str, Path] = field(default_factory=dict)  # sandbox path -> host file (read-only)
     env: dict[str, str] = field(default_factory=dict)
     hostname: str = "sandgate"
+    # Writable scratch areas (/tmp, /var/tmp, /dev/shm, /run) -> host dirs the runner can read
+    # afterwards; an area not given here is a small tmpfs that vanishes with the sandbox.
+    scratch: dict[str, Path] = field(default_factory=dict)
 
 
 def argv(spec: SandboxSpec) -> list[str]:
@@ -73,17 +78,20 @@ def argv(spec: SandboxSpec) -> list[str]:
         if os.path.isdir(top):
             out += ["--ro-bind", top, top]
     for hidden in HIDDEN:
+        if hidden in spec.scratch:
+            continue
         if os.path.isdir(hidden) and not os.path.islink(hidden):
-            out += ["--tmpfs", hidden]
+            out += ["--size", str(SCRATCH_TMPFS), "--tmpfs", hidden]
+    out += ["--proc", "/proc", "--dev", "/dev"]
+    for area in SCRATCH_AREAS:
+        if area in spec.scratch:
+            out += ["--bind", str(spec.scratch[area]), area]
+        elif area in ("/tmp", "/run"):
+            out += ["--size", str(SCRATCH_TMPFS), "--tmpfs", area]
+    # bwrap's /dev is an unbounded tmpfs the sandbox could fill: read-only once set up
+    # (device nodes still work; /dev/shm and /dev/pts are mounts of their own).
+    out += ["--remount-ro", "/dev"]
     out += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/run",
         "--dir",
         "/home",
         "--bind",

@@ -12,16 +12,18 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandgate import cleanup
 from sandgate.errors import SandboxError, SetupError
 from sandgate.net import ns
-from sandgate.sandbox import bwrap
+from sandgate.sandbox import bwrap, privilege
+from sandgate.sandbox.workspace import SESSIONS_ROOT, Workspace, WorkspaceSpec
 
-SESSIONS_ROOT = Path(os.environ.get("SANDGATE_SESSIONS", "/var/tmp/sandgate"))
 CA_VARS = (
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
@@ -77,6 +79,16 @@ def _usable_by(uid: int, directory: Path) -> bool:
     return subprocess.run(probe, check=False, capture_output=True).returncode == 0
 
 
+def _check_workdir(workdir: Path, uid: int) -> None:
+    if not workdir.is_dir():
+        raise SandboxError(f"work dir {workdir} does not exist")
+    if not _usable_by(uid, workdir.resolve()):
+        raise SandboxError(
+            f"the sandbox's uid {uid} cannot write to {workdir.resolve()} (or reach it)",
+            f"chown {uid} {workdir.resolve()}, or choose a directory it can reach",
+        )
+
+
 def _has_capability(bit: int) -> bool:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -93,40 +105,42 @@ class Sandbox:
     instance: str
     netns: str = ""
     dir: Path = field(default_factory=Path)
-    workdir: Path = field(default_factory=Path)
-    home: Path = field(default_factory=Path)
-    own_workdir: bool = True
+    space: Workspace | None = None
     proc: subprocess.Popen[bytes] | None = None
+    output: Path | None = None  # where the command's output was captured, if it was
+    bound: set[str] = field(default_factory=set)  # sandbox paths files were bound onto
+
+    @property
+    def workdir(self) -> Path:
+        return self.space.workdir if self.space else Path()
+
+    @property
+    def home(self) -> Path:
+        return self.space.home if self.space else Path()
 
     @classmethod
-    def create(cls, session: str, instance: str, workdir: Path | None, uid: int) -> Sandbox:
+    def create(
+        cls,
+        session: str,
+        instance: str,
+        workdir: Path | None,
+        uid: int,
+        files: WorkspaceSpec | None = None,
+    ) -> Sandbox:
         box = cls(session, instance)
         box.netns = f"sg-{instance}-s{secrets.token_hex(3)}"
         box.dir = SESSIONS_ROOT / session
         try:
+            if workdir is not None:
+                _check_workdir(workdir, uid)
             SESSIONS_ROOT.mkdir(parents=True, exist_ok=True)
             os.chmod(SESSIONS_ROOT, 0o711)
-            box.dir.mkdir(mode=0o711)
-            (box.dir / "etc").mkdir(mode=0o755)
-            box.home = box.dir / "home"
-            box.home.mkdir(mode=0o700)
-            os.chown(box.home, uid, uid)
-            if workdir is None:
-                box.workdir = box.dir / "work"
-                box.workdir.mkdir(mode=0o700)
-                os.chown(box.workdir, uid, uid)
-            else:
-                box.workdir, box.own_workdir = workdir.resolve(), False
-                if not box.workdir.is_dir():
-                    raise SandboxError(f"work dir {workdir} does not exist")
-                if not _usable_by(uid, box.workdir):
-                    raise SandboxError(
-                        f"the sandbox's uid {uid} cannot write to {box.workdir} (or reach it)",
-                        f"chown {uid} {box.workdir}, or choose a directory it can reach",
-                    )
+            box.space = Workspace(box.dir, uid, files or WorkspaceSpec())
+            cleanup.own(f"mount-{session}")
+            box.space.create(workdir)
             ns.create(box.netns)
         except BaseException:
-            box.destroy(keep_files=False)
+            box.destroy()
             raise
         return box
 
@@ -146,6 +160,7 @@ class Sandbox:
         (etc / "passwd").write_text(passwd)
         (etc / "group").write_text(group)
         files["/etc/passwd"] = etc / "passwd"
+        files.update(privilege.shim_targets(privilege.write_shim(etc)))
         files["/etc/group"] = etc / "group"
         if extra_ca:
             # The system's trust plus the gateway's inspection CA (and the test world's CA).
@@ -158,7 +173,8 @@ class Sandbox:
             for certifi_path in certifi_bundles():
                 files[certifi_path] = bundle
         for path in files.values():
-            os.chmod(path, 0o644)
+            os.chmod(path, 0o755 if path.name == "no-privileges.sh" else 0o644)
+        self.bound.update(files)
         return files
 
     def copy_in(self, files: dict[str, Path]) -> dict[str, Path]:
@@ -169,19 +185,39 @@ class Sandbox:
             folder.mkdir(mode=0o755, exist_ok=True)
             copy = folder / f"{i}-{Path(target).name}"
             shutil.copyfile(source, copy)
-            os.chmod(copy, 0o644)
+            os.chmod(copy, 0o755 if os.access(source, os.X_OK) else 0o644)
             out[target] = copy
+        self.bound.update(out)
         return out
 
     def run(
-        self, spec: bwrap.SandboxSpec, timeout: float | None, stop: threading.Event | None = None
+        self,
+        spec: bwrap.SandboxSpec,
+        timeout: float | None,
+        stop: threading.Event | None = None,
+        capture: Path | None = None,
+        echo: bool = True,
     ) -> int:
-        """Run the sandboxed command; its output goes to ours. Returns its exit status
-        (124 when it ran out of time, 143 when ``stop`` was set)."""
+        """Run the sandboxed command. Returns its exit status (124 when it ran out of time, 143
+        when ``stop`` was set). With ``capture`` its output also goes to that file (bounded)."""
         found = bwrap.find_command(spec.command[0]) if spec.command else None
         if found is None:
             raise CommandNotFound(spec.command[0] if spec.command else "")
-        self.proc = subprocess.Popen(bwrap.argv(spec), start_new_session=True)
+        pump: threading.Thread | None = None
+        if capture is None:
+            self.proc = subprocess.Popen(bwrap.argv(spec), start_new_session=True)
+        else:
+            self.proc = subprocess.Popen(
+                bwrap.argv(spec),
+                start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            self.output = capture
+            pump = threading.Thread(
+                target=_pump, args=(self.proc, capture, echo), name="sandbox-output", daemon=True
+            )
+            pump.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
@@ -194,6 +230,8 @@ class Sandbox:
                         return 124
         finally:
             self.kill()
+            if pump is not None:
+                pump.join(timeout=5)
 
     def kill(self) -> None:
         """Kill the sandboxed process group (by the pid we started), if it still runs."""
@@ -208,13 +246,35 @@ class Sandbox:
             if self.proc.poll() is not None:
                 return
 
-    def destroy(self, keep_files: bool = False) -> None:
+    def destroy(self) -> None:
         self.kill()
         if self.netns:
             with contextlib.suppress(Exception):
                 ns.remove(self.netns)
-        if not keep_files and self.dir and self.dir != Path() and self.dir.is_dir():
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if self.space is not None:
+            self.space.destroy()
+            cleanup.disown(f"mount-{self.session}")
+
+
+OUTPUT_LIMIT = 16 << 20
+
+
+def _pump(proc: subprocess.Popen[bytes], path: Path, echo: bool) -> None:
+    """Copy the sandbox's output to ``path`` (at most OUTPUT_LIMIT bytes) and, if asked, to ours."""
+    assert proc.stdout is not None
+    written = 0
+    with open(path, "wb") as log:
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            if written < OUTPUT_LIMIT:
+                log.write(chunk[: OUTPUT_LIMIT - written])
+                log.flush()
+                written += len(chunk)
+                if written >= OUTPUT_LIMIT:
+                    log.write(b"\n[sandgate: output truncated here]\n")
+            if echo:
+                with contextlib.suppress(OSError, AttributeError, ValueError):
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.flush()
 
 
 class CommandNotFound(SandboxError):

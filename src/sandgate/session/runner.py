@@ -8,8 +8,10 @@ it made is removed on the way out: on success, on error, on Ctrl-C and on SIGTER
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,10 +22,11 @@ from typing import Any
 
 from sandgate import cleanup
 from sandgate.errors import SandgateError
-from sandgate.events.store import Store
+from sandgate.events.store import Store, default_home
+from sandgate.gateway.integrity import alarm
 from sandgate.policy.load import load_policy
 from sandgate.report.session import SessionReport, build_report
-from sandgate.sandbox import bwrap
+from sandgate.sandbox import bwrap, privilege
 from sandgate.sandbox.launch import (
     CommandNotFound,
     Sandbox,
@@ -32,6 +35,8 @@ from sandgate.sandbox.launch import (
     preflight,
     proxy_env,
 )
+from sandgate.sandbox.workspace import WorkspaceSpec
+from sandgate.session import drift, evidence
 from sandgate.session.stack import Stack, stack_for
 
 UID_BASE = 61000
@@ -57,6 +62,15 @@ class RunOptions:
     stop: threading.Event | None = None  # set it to end the session early (exit status 143)
     # Files that depend on the guest (its addresses, placeholders): called once it exists.
     late_files: Callable[[dict[str, Any]], dict[str, Path]] | None = None
+    # The session's files: fixtures, home template, disk and quarantine limits, --keep-writes.
+    space: WorkspaceSpec = field(default_factory=WorkspaceSpec)
+    capture: bool = True  # keep the command's output (needed for claim checks); off for a TTY
+    echo: bool = True  # and show it as it comes
+    notify: str | None = None  # command or URL told when the session ends
+    # Where the final answer starts in the output: a line matching this pattern (the answer is
+    # its remainder and what follows). Default: "ANSWER:" lines, else the output's tail.
+    answer_after: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # recorded with the session
 
 
 @dataclass
@@ -101,31 +115,23 @@ def run(opts: RunOptions) -> RunResult:
 
 
 def run_in(stack: Stack, opts: RunOptions) -> RunResult:
-    """One session on an existing stack."""
+    """One session on an existing stack: create, snapshot, run, collect, snapshot, tear down."""
     sid = new_session_id()
     store = Store(opts.store) if opts.store else Store()
-    world = stack.world
-    policy = opts.policy or stack.policy or (str(world.policy) if world is not None else None)
+    keep = session_dir(sid, opts.store)
     uid = opts.uid or UID_BASE
     exit_code, message = 1, None
     counters: dict[str, Any] = {}
+    findings: dict[str, Any] = {}
     box: Sandbox | None = None
     guest: dict[str, Any] | None = None
+    before: dict[str, str | None] = {}
     try:
-        box = Sandbox.create(sid, stack.instance, opts.workdir, uid)
+        box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space)
         cleanup.own(box.netns)
-        with stack.gateway.client() as ctl:
-            guest = ctl.call(
-                "add_guest",
-                netns=box.netns,
-                session=sid,
-                policy=policy,
-                profile=opts.profile,
-                mode=opts.mode,
-                allow=list(opts.allow),
-                deny=list(opts.deny),
-                uid=uid,
-            )
+        guest = _add_guest(stack, box, sid, opts, uid)
+        spec = _spec(stack, box, guest, opts, uid)
+        before = _snapshot(stack, box)
         store.session_start(
             sid,
             mode=guest["mode"],
@@ -135,29 +141,17 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             guest=guest["guest"],
             uid=uid,
             command=list(opts.command),
-            details={"label": opts.label} if opts.label else None,
+            details={**opts.details, **({"label": opts.label} if opts.label else {})} or None,
         )
-        cas = [guest["ca"].encode()] + ([world.ca_cert.read_bytes()] if world else [])
-        late = opts.late_files(guest) if opts.late_files is not None else {}
-        files = {**box.etc_files(guest["gateway"], uid, cas), **box.copy_in({**opts.files, **late})}
-        env = {
-            **ca_env(),
-            **proxy_env(guest["proxy"]),
-            **place_secrets(box.home, uid, guest.get("secrets", {})),
-            **opts.env,
-        }
-        spec = bwrap.SandboxSpec(
-            netns=f"/run/netns/{box.netns}",
-            uid=uid,
-            gid=uid,
-            command=tuple(opts.command),
-            workdir=box.workdir,
-            home=box.home,
-            files=files,
-            env=env,
-        )
+        keep.mkdir(parents=True, exist_ok=True)
         try:
-            exit_code = box.run(spec, opts.timeout, opts.stop)
+            exit_code = box.run(
+                spec,
+                opts.timeout,
+                opts.stop,
+                capture=keep / "output.log" if opts.capture else None,
+                echo=opts.echo,
+            )
             if exit_code == 124 and opts.timeout:
                 message = f"timed out after {opts.timeout:g} s; the sandbox was killed"
         except CommandNotFound as exc:
@@ -171,18 +165,210 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     except Interrupted as exc:
         exit_code, message = 143, exc.message
     finally:
-        if box is not None:
-            box.kill()
-        if guest is not None:
-            with contextlib.suppress(SandgateError), stack.gateway.client() as ctl:
-                counters = ctl.call("remove_guest", guest=guest["guest"]).get("counters", {})
-        if box is not None:
-            box.destroy()
-            cleanup.disown(box.netns)
+        try:
+            if box is not None:
+                box.kill()
+            if guest is not None and box is not None:
+                try:
+                    findings = _findings(stack, box, keep, before, spec_files(box))
+                except Exception as exc:  # a finding we cannot make must not keep the box
+                    findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
+            if guest is not None:
+                with contextlib.suppress(SandgateError), stack.gateway.client() as ctl:
+                    counters = ctl.call("remove_guest", guest=guest["guest"]).get("counters", {})
+        finally:
+            if box is not None:
+                box.destroy()
+                cleanup.disown(box.netns)
     if guest is None:
         store.close()
         raise SandgateError(message or "the sandbox could not be started")
-    store.session_end(sid, exit_code, {"message": message} if message else None)
+    facts = findings.pop(FILE_FACTS, None)
+    end = {**findings, "counters": counters, **({"message": message} if message else {})}
+    if box is not None and box.output is not None:
+        end["output"] = str(box.output)
+        end["answer"] = answer = final_answer(_read_output(box.output), opts.answer_after)
+        try:
+            end["claims"] = evidence.findings(
+                answer, store.events(session=sid), facts, guest.get("model_hosts", [])
+            )
+        except Exception as exc:  # the claim check is a finding, never a reason to lose a run
+            end["claims_error"] = f"{type(exc).__name__}: {exc}"
+    session_row = store.session(sid)
+    store.session_end(sid, exit_code, {**(session_row.details if session_row else {}), **end})
     report = build_report(store.session(sid), store.events(session=sid), counters)
     store.close()
+    if opts.notify:
+        notify(opts.notify, {"event": "session-end", **report_summary(report)})
     return RunResult(sid, exit_code, report, message)
+
+
+def notify(target: str, payload: dict[str, Any]) -> None:
+    """--notify: run the command (payload in $SANDGATE_ALARM) or POST to the URL; a failure
+    to notify is said on stderr and never changes the session's outcome."""
+    problem = alarm(target, payload)
+    if problem:
+        sys.stderr.write(f"sandgate: --notify {target!r} failed: {problem}\n")
+
+
+def report_summary(report: SessionReport) -> dict[str, Any]:
+    names = sorted({n.name for n in report.names})
+    return {
+        "session": report.session,
+        "exit_code": report.exit_code,
+        "mode": report.mode,
+        "names": names,
+        "totals": report.totals,
+    }
+
+
+FILE_FACTS = "_file_facts"  # not stored: the claim check's view of the session's files
+ANSWER_MARK = "ANSWER:"
+ANSWER_LIMIT = 8000
+
+
+def final_answer(output: str, after: str | None = None) -> str:
+    """The agent's final answer: what follows the last line matching ``after`` (default: an
+    ``ANSWER:`` line, whose remainder is part of it), else the output's tail."""
+    pattern = re.compile(after or rf"^{ANSWER_MARK}", re.M)
+    matches = list(pattern.finditer(output))
+    if matches:
+        return output[matches[-1].end() :].strip()[:ANSWER_LIMIT]
+    return output.strip()[-ANSWER_LIMIT:]
+
+
+def _read_output(path: Path) -> str:
+    try:
+        return path.read_bytes()[-(1 << 20) :].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def session_dir(sid: str, store: str | None = None) -> Path:
+    """Where a session's kept files live: output, quarantine, work dir copy."""
+    home = Path(store).parent if store else default_home()
+    return home / "sessions" / sid
+
+
+def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int) -> dict[str, Any]:
+    world = stack.world
+    policy = opts.policy or stack.policy or (str(world.policy) if world is not None else None)
+    with stack.gateway.client() as ctl:
+        guest: dict[str, Any] = ctl.call(
+            "add_guest",
+            netns=box.netns,
+            session=sid,
+            policy=policy,
+            profile=opts.profile,
+            mode=opts.mode,
+            allow=list(opts.allow),
+            deny=list(opts.deny),
+            uid=uid,
+        )
+    return guest
+
+
+def _spec(
+    stack: Stack, box: Sandbox, guest: dict[str, Any], opts: RunOptions, uid: int
+) -> bwrap.SandboxSpec:
+    world = stack.world
+    cas = [guest["ca"].encode()] + ([world.ca_cert.read_bytes()] if world else [])
+    late = opts.late_files(guest) if opts.late_files is not None else {}
+    files = {
+        **box.etc_files(guest["gateway"], uid, cas),
+        **box.copy_in({**opts.files, **late}),
+    }
+    env = {
+        **ca_env(),
+        **proxy_env(guest["proxy"]),
+        **place_secrets(box.home, uid, guest.get("secrets", {})),
+        "PATH": f"{privilege.SHIM_DIR}:{bwrap.SANDBOX_PATH}",
+        **opts.env,
+    }
+    assert box.space is not None
+    return bwrap.SandboxSpec(
+        netns=f"/run/netns/{box.netns}",
+        uid=uid,
+        gid=uid,
+        command=tuple(opts.command),
+        workdir=box.workdir,
+        home=box.home,
+        files=files,
+        env=env,
+        scratch=box.space.scratch(),
+    )
+
+
+def spec_files(box: Sandbox) -> set[str]:
+    """Sandbox paths bwrap bound files onto (their empty mount points are not the agent's)."""
+    return set(box.bound)
+
+
+def _snapshot(stack: Stack, box: Sandbox) -> dict[str, str | None]:
+    with stack.gateway.client() as ctl:
+        raw = ctl.call("snapshot")
+    return {
+        **drift.gateway_snapshot(raw),
+        **drift.sandbox_snapshot(box.home, box.dir / "etc"),
+    }
+
+
+def _findings(
+    stack: Stack,
+    box: Sandbox,
+    keep: Path,
+    before: dict[str, str | None],
+    mountpoints: set[str],
+) -> dict[str, Any]:
+    """After the command: drift (restoring a changed gateway), stray writes, privilege attempts."""
+    assert box.space is not None
+    out: dict[str, Any] = {}
+    after = _snapshot(stack, box)
+    result = drift.Drift(items=drift.diff(before, after))
+    with stack.gateway.client() as ctl:
+        raw = ctl.call("snapshot")
+        if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
+            # Changed from outside the gateway's own bookkeeping: restore and flag it.
+            result.gateway_changed = True
+            result.items = [i for i in result.items if i.what != "gateway ruleset"]
+            result.items.insert(
+                0,
+                drift.DriftItem(
+                    "gateway ruleset",
+                    "changed",
+                    _ruleset_diff(before, after),
+                    gateway=True,
+                ),
+            )
+            first = ctl.call("check")
+            second = ctl.call("check")
+            result.gateway_problems = list(first.get("problems", []))
+            result.gateway_restored = not second.get("problems")
+        else:
+            # Other sessions' guests come and go on a shared gateway: not this agent's drift.
+            result.items = [i for i in result.items if not i.gateway or i.what != "gateway ruleset"]
+    out["drift"] = result.as_json()
+    log = privilege.PRIVILEGE_LOG
+    skip = mountpoints | {log}
+    # Read now, while the session's disk exists; the claims are checked once events are in.
+    out[FILE_FACTS] = evidence.file_facts(
+        box.workdir, box.space.work_before, box.space.stray_files(skip)
+    )
+    writes = box.space.collect(keep, skip)
+    out["writes"] = writes.as_json()
+    out["privilege"] = privilege.attempts(box.dir / "run" / log.removeprefix("/run/"))
+    changes = box.space.work_changes()
+    out["work_changes"] = [
+        {"path": c.path, "change": c.change, "size": c.entry.size, "sha256": c.entry.sha256}
+        for c in changes
+        if c.entry.kind == "file"
+    ]
+    return out
+
+
+def _ruleset_diff(before: dict[str, str | None], after: dict[str, str | None]) -> str:
+    items = drift.diff(
+        {"gateway ruleset": before.get("gateway ruleset")},
+        {"gateway ruleset": after.get("gateway ruleset")},
+    )
+    return items[0].diff if items else "(the ruleset differs from the one the gateway set)"

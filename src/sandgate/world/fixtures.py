@@ -16,27 +16,31 @@ from pathlib import Path
 
 PACKAGE = "sandgate-hello"
 VERSION = "1.0.0"
+# What the test world's PyPI serves: its own package, and stand-ins for the two that report
+# 000's agent installed (same names and versions; tiny modules, no dependencies).
+PACKAGES = ((PACKAGE, VERSION), ("requests", "2.34.2"), ("rich", "15.0.0"))
 REPO = ("octocat", "Hello-World")
 
 
 def build_fixtures(base: Path) -> None:
     wheels = base / "wheels"
     wheels.mkdir(exist_ok=True)
-    build_wheel(wheels)
+    for package, version in PACKAGES:
+        build_wheel(wheels, package, version)
     git = base / "git"
     git.mkdir(exist_ok=True)
     build_repo(git / REPO[0] / f"{REPO[1]}.git")
 
 
-def build_wheel(folder: Path) -> Path:
-    module = PACKAGE.replace("-", "_")
-    dist = f"{module}-{VERSION}"
+def build_wheel(folder: Path, package: str = PACKAGE, version: str = VERSION) -> Path:
+    module = package.replace("-", "_")
+    dist = f"{module}-{version}"
     files = {
         f"{module}/__init__.py": (
-            f'__version__ = "{VERSION}"\nGREETING = "hello from the test world"\n'
+            f'__version__ = "{version}"\nGREETING = "hello from the test world"\n'
         ),
         f"{dist}.dist-info/METADATA": (
-            f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n"
+            f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n"
             "Summary: a package served by sandgate's test world\n"
         ),
         f"{dist}.dist-info/WHEEL": (

@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sandgate.agents.frameworks import world_script
 from sandgate.gateway.config import Uplink
 from sandgate.net import ns
 from sandgate.world.ca import CA, make_ca, write_pair
@@ -264,9 +265,11 @@ class TestWorld:
         }
         self.servers.append(self._start("dns", dns_cfg, logs["dns"], wan))
         self.servers.append(self._start("web", web_cfg, logs["web"], wan))
-        self.servers.append(
-            self._start("model", {"listen": [f"{MODEL}:{MODEL_PORT}"]}, logs["model"], model)
-        )
+        # The model servers replay scripted turns (tool calls) for the real agent frameworks'
+        # tasks, matched by the task marker in the first message; anything else is echoed.
+        script = world_script()
+        model_cfg = {"listen": [f"{MODEL}:{MODEL_PORT}"], "script": script}
+        self.servers.append(self._start("model", model_cfg, logs["model"], model))
         # A hosted model API that wants a key: what placeholder credentials are swapped for.
         openai_cfg = {
             "listen": [f"{OPENAI}:80"],
@@ -275,6 +278,7 @@ class TestWorld:
             "ca_dir": str(ca_dir),
             "require_key": [self.api_key],
             "model": "gpt-sandgate",
+            "script": script,
         }
         self.servers.append(self._start("model", openai_cfg, logs["openai"], wan, label="openai"))
         self.servers.append(
@@ -354,6 +358,14 @@ def _vhosts(base: Path) -> list[dict[str, Any]]:
                     "headers": {"content-type": "application/json"},
                     "body": json.dumps({"tag_name": "v0.40.11", "name": "v0.40.11"}),
                 }
+            },
+        },
+        {
+            # Report 000's T14 asked for Seattle's weather.
+            "names": ["wttr.in", HOSTS["wttr.in"]],
+            "builtins": True,
+            "routes": {
+                "/Seattle": {"status": 200, "body": "Seattle: \u26c5\ufe0f  +12\u00b0C\n"}
             },
         },
     ]

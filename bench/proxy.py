@@ -1,0 +1,522 @@
+"""``bench/run proxy``: sandgate's egress paths for HTTPS, side by side with mitmproxy and squid.
+
+One stack (bench/stack.py) plus a fast TLS source (tls_source.py: ``tls_server.py`` at
+203.0.113.90:443 in the world's WAN namespace, as ``tls.bench.example``, a leaf from the world's
+CA) and the peer proxies (peer_proxies.py, on the peer gateway). Every path ends at that one
+server and starts at the same client (curl for bytes and round trips, ``sse_client.py`` for
+events), in a sandbox or in the peer guest, each over its own veth to its next hop:
+
+    (a) kernel      peer guest → plain router (no nftables, no proxy) → server
+    (b) sg-kernel   sandbox → gateway, TLS in the kernel: ClientHello judged in NFQUEUE
+    (c) sg-connect  sandbox → gateway's explicit proxy: CONNECT, splice relay
+    (d) sg-inspect  sandbox → gateway's proxy terminating TLS (profile ``inspect``s the name,
+                    which the sandbox resolves through the gateway, so its address is sent there)
+    (d') sg-inspect-connect  the same profile through CONNECT
+    (e) mitm-pass   peer guest → mitmproxy ``--ignore-hosts '.*'`` (CONNECT, raw relay)
+    (f) mitm-intercept  peer guest → mitmproxy intercepting (its CA trusted; streaming bodies)
+    (g) squid-tunnel  peer guest → squid CONNECT;  (h) squid-bump: squid ssl-bump
+
+Three measurements per path: 1 GiB with curl (median of 3), 2,000 small keep-alive requests on
+one connection (curl's per-transfer time, the first dropped: it carries the handshake; fewer,
+at least 50 a round, on a path too slow to make them in 6 s), and SSE events stamped by the
+server (delay = arrival - stamp, one clock). Paths are interleaved, round by round, through one
+long-lived client per side (proxy_agents.py), so a neighbour's load falls on all alike. CPU is
+sampled per process (gateway, server, peer proxy; the client's from bash's ``time``) and for the
+machine, so a reader sees what saturates on 2 shared cores. A ``source`` row fetches from inside
+the server's own namespace (loopback, no forwarding): what the server alone can send.
+
+Ratios are printed, never asserted: the tests judge, the bench reports.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import peer_proxies, tls_source
+from bench.common import Sampler, log, median, pct, stdout_to
+from bench.peer_proxies import Peers
+from bench.proxy_agents import Agent, Step, read_steps, words
+from bench.stack import BenchStack, bench_stack
+from bench.tls_source import ADDRESS, NAME
+from sandgate.session.runner import RunOptions, run_in
+
+SIZE = 1 << 30
+GOALS = {
+    "pass_vs_kernel": 0.9,
+    "pass_vs_mitm_pass": 2.5,
+    "pass_added_us": 40.0,
+    "inspect_vs_mitm": 2.0,
+    "inspect_added_share": 1 / 3,
+    "sse_p99_ms": 5.0,
+}
+POLICY = f"""\
+# bench/run proxy: the same open profile, once without and once with inspection of the source.
+[gateway]
+default_profile = "pass"
+
+[profiles.pass]
+internet = "open"
+
+[profiles.inspect]
+internet = "open"
+inspect = ["{NAME}"]
+"""
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    key: str
+    label: str
+    side: str  # where the client runs: cl (peer guest), wan (the server's namespace), pass|inspect
+    curl: tuple[str, ...]  # the options that choose this path
+    sse: tuple[str, ...] | None  # sse_client options; None: no SSE on this path
+    proxy: str | None  # the process that carries it besides the kernel (a Sampler name)
+
+
+def paths(peers: Peers) -> list[PathSpec]:
+    direct = ("--resolve", f"{NAME}:443:{ADDRESS}")
+    out = [
+        PathSpec("source", "server alone (loopback, in its namespace)", "wan", direct, None, None),
+        PathSpec("kernel", "(a) kernel path, no proxy", "cl", direct, ("--address", ADDRESS), None),
+        PathSpec("sg-kernel", "(b) sandgate passthrough, kernel + TLS gate", "pass",
+                 ("--noproxy", "*"), (), "gateway"),
+        PathSpec("sg-connect", "(c) sandgate passthrough, CONNECT + splice", "pass",
+                 (), ("--proxy-env",), "gateway"),
+        PathSpec("sg-inspect", "(d) sandgate inspected (transparent)", "inspect",
+                 ("--noproxy", "*"), (), "gateway"),
+        PathSpec("sg-inspect-connect", "(d') sandgate inspected, via CONNECT", "inspect",
+                 (), ("--proxy-env",), "gateway"),
+    ]  # fmt: skip
+    for key, label, proc in (
+        ("mitm-pass", "(e) mitmproxy passthrough (ignore_hosts)", "mitm-pass"),
+        ("mitm-intercept", "(f) mitmproxy interception", "mitm-intercept"),
+        ("squid-tunnel", "(g) squid CONNECT passthrough", "squid"),
+        ("squid-bump", "(h) squid ssl-bump", "squid"),
+    ):
+        if key in peers.proxies:
+            proxy = peers.proxies[key]
+            out.append(
+                PathSpec(key, label, "cl", ("-x", f"http://{proxy}"), ("--proxy", proxy), proc)
+            )
+    return out
+
+
+# -- what each side's client is told ---------------------------------------------------------------
+
+CURL = ("curl", "-sS", "--http1.1", "--max-time", "90")
+
+
+@dataclass(frozen=True)
+class Plan:
+    bulk: int  # rounds of 1 GiB transfers (one per path per round)
+    rt: int  # round trips per path, over all rounds (each round also makes one it drops)
+    rt_rounds: int
+    rt_budget_s: float  # per path: fewer round trips (>= 50 a round) where they would take longer
+    sse_n: int
+    sse_interval_ms: float
+
+
+QUICK = Plan(bulk=1, rt=2000, rt_rounds=1, rt_budget_s=2.0, sse_n=200, sse_interval_ms=5)
+FULL = Plan(bulk=3, rt=2000, rt_rounds=2, rt_budget_s=6.0, sse_n=500, sse_interval_ms=5)
+
+
+def bulk_line(p: PathSpec, ca: str | None) -> str:
+    fmt = r"%{http_code} %{size_download} %{time_total} %{time_appconnect}\n"
+    argv = [*CURL, *_trust(p, ca), *p.curl, "-o", "/dev/null", "-w", fmt, f"https://{NAME}/bulk"]
+    return words(["step", "bulk", p.key, *argv])
+
+
+def rtt_line(p: PathSpec, ca: str | None, plan: Plan) -> str:
+    fmt = r"%{http_code} %{num_connects} %{time_total}\n"
+    budget = [str(plan.rt // plan.rt_rounds), f"{plan.rt_budget_s / plan.rt_rounds:g}"]
+    argv = [*CURL, *_trust(p, ca), *p.curl, "-w", fmt]
+    return words(["rtt", p.key, *budget, f"https://{NAME}/small", *argv])
+
+
+def sse_line(p: PathSpec, ca: str | None, plan: Plan) -> str:
+    assert p.sse is not None
+    trust = ("--cafile", ca) if ca and p.side in PEER_SIDES else ()
+    argv = [
+        "python3", "$W/sse_client.py", "--name", NAME, *trust, *p.sse,
+        "--n", str(plan.sse_n), "--interval-ms", f"{plan.sse_interval_ms:g}", "--tag", p.key,
+    ]  # fmt: skip
+    return words(["step", "sse", p.key, *argv])
+
+
+def _trust(p: PathSpec, ca: str | None) -> tuple[str, ...]:
+    """The peers' client trusts the bundle; a sandbox trusts what sandgate gives it."""
+    return ("--cacert", ca) if ca and p.side in PEER_SIDES else ()
+
+
+PEER_SIDES = ("cl", "wan")
+SIDE_UID = {"cl": 0, "wan": 0, "pass": 61000, "inspect": 61001}
+
+
+def start_agent(bs: BenchStack, side: str, failures: list[str]) -> Agent:
+    uid = SIDE_UID[side]
+    agent = Agent.prepare(side, bs.base / f"proxy-{side}", uid)
+    (agent.work / "sse_client.py").write_text(Path(__file__).with_name("sse_client.py").read_text())
+    if side in PEER_SIDES:
+        agent.start_in_netns(bs.net, bs.client_ns if side == "cl" else bs.net.name("wan"))
+        return agent
+    opts = RunOptions(
+        command=["bash", "/work/agent.sh", "/work"],
+        policy=str(bs.base / "proxy-policy.toml"),
+        profile=side,
+        world="test",
+        store=bs.store,
+        workdir=agent.work,
+        timeout=1800,
+        uid=uid,
+        label=f"bench proxy {side}",
+        stop=threading.Event(),
+    )
+
+    def session() -> None:
+        try:
+            result = run_in(bs.stack, opts)
+        except Exception as exc:  # reported with the figures; the agent's absence is noticed
+            failures.append(f"{side} session: {exc!r}")
+            return
+        if result.exit_code != 0:
+            failures.append(f"{side} session ended with {result.exit_code}: {result.message}")
+
+    assert opts.stop is not None
+    agent.start_on_thread(session, opts.stop.set)
+    return agent
+
+
+# -- judging the steps ----------------------------------------------------------------------------
+
+
+def cores(step: Step, sampler: Sampler, proxy: str | None) -> dict[str, float]:
+    w = sampler.window(step.start, step.end)
+    wall = max(step.end - step.start, 1e-9)
+    c = {
+        "client": step.cpu / wall,
+        "server": w.get("server_cores", math.nan),
+        "gateway": w.get("gateway_cores", math.nan),
+        "proxy": w.get(f"{proxy}_cores", math.nan) if proxy and proxy != "gateway" else math.nan,
+        "softirq": w["softirq_cores"],
+        "all": w["system_busy_cores"],
+    }
+    known = [c[k] for k in ("client", "server", "gateway", "proxy", "softirq")]
+    c["other"] = max(0.0, c["all"] - sum(x for x in known if not math.isnan(x)))
+    return c
+
+
+def limit(c: dict[str, float], path: PathSpec) -> str:
+    """Which side saturates, in words (2 cores: 1.0 is one core busy)."""
+    names = {"client": "curl", "server": "the server", "gateway": "the gateway daemon",
+             "proxy": f"{path.proxy}"}  # fmt: skip
+    parts = [
+        f"{names[k]} {c[k]:.2f}" for k in ("client", "server", "gateway", "proxy")
+        if not math.isnan(c.get(k, math.nan)) and c[k] >= 0.85
+    ]  # fmt: skip
+    if c.get("all", 0) >= 1.8:
+        parts.append(f"both cores busy ({c['all']:.2f})")
+    return "; ".join(parts) or "no single process saturates"
+
+
+def judge_bulk(steps: list[Step], sampler: Sampler, path: PathSpec) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for s in steps:
+        f = s.out.split()
+        ok = len(f) >= 3 and f[0] == "200" and int(float(f[1])) == SIZE
+        seconds = float(f[2]) if len(f) >= 3 else math.nan
+        c = cores(s, sampler, path.proxy)
+        # Our processes only (the machine's softirq and busy time include the neighbours'):
+        # client, server, and whichever proxy carries the path.
+        ours = [c["client"], c["server"], c["gateway" if path.proxy == "gateway" else "proxy"]]
+        core_s = sum(x for x in ours if not math.isnan(x)) * (s.end - s.start)
+        runs.append(
+            {
+                "MB_s": SIZE / seconds / 1e6 if ok and seconds > 0 else 0.0,
+                "seconds": seconds,
+                "ok": ok,
+                "error": "" if ok else (s.err.strip() or s.out.strip())[:300],
+                "cores": c,
+                "cpu_s_per_GB": core_s / (SIZE / 1e9),
+            }
+        )
+    rates = [r["MB_s"] for r in runs]
+    med = median(rates)
+    at = min(runs, key=lambda r: abs(r["MB_s"] - med)) if runs else {}
+    return {
+        "median_MB_s": med,
+        "best_MB_s": max(rates) if rates else math.nan,
+        "cpu_s_per_GB": median([r["cpu_s_per_GB"] for r in runs]),
+        "runs": runs,
+        "at_median": at.get("cores", {}),
+        "limit": limit(at["cores"], path) if at else "no data",
+        "errors": [r["error"] for r in runs if not r["ok"]],
+    }
+
+
+def judge_rtt(steps: list[Step], sampler: Sampler, path: PathSpec, plan: Plan) -> dict[str, Any]:
+    if not steps:
+        return {}
+    times: list[float] = []
+    codes: set[str] = set()
+    connects = 0
+    for s in steps:
+        for line in s.out.splitlines()[1:]:  # the first carries the handshake (and CONNECT)
+            f = line.split()
+            if len(f) == 3:
+                codes.add(f[0])
+                connects += int(f[1])
+                times.append(float(f[2]) * 1e6)
+    c = [cores(s, sampler, path.proxy) for s in steps]
+    return {
+        "count": len(times),
+        "cut": len(times) < plan.rt,
+        "median_us": median(times),
+        "p90_us": pct(times, 90),
+        "p99_us": pct(times, 99),
+        "mean_us": sum(times) / len(times) if times else math.nan,
+        "codes": sorted(codes),
+        "reconnects": connects,
+        "cores": {k: median([x[k] for x in c]) for k in c[0]},
+        "error": " | ".join(s.err.strip()[:300] for s in steps if s.err.strip()),
+    }
+
+
+def judge_sse(steps: list[Step]) -> dict[str, Any]:
+    if not steps:
+        return {}
+    s = steps[0]
+    delays: list[float] = []
+    for line in s.out.splitlines():
+        f = line.split()
+        if f[:1] == ["SSE"]:
+            delays = [float(x) for x in f[2:]]
+    return {
+        "events": len(delays),
+        "p50_ms": median(delays),
+        "p99_ms": pct(delays, 99),
+        "max_ms": max(delays) if delays else math.nan,
+        "error": (s.err.strip() or ("" if delays else s.out.strip()))[-300:],
+    }
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
+    plan = QUICK if quick else FULL
+    (bs.base / "proxy-policy.toml").write_text(POLICY)
+    source = tls_source.start(bs)
+    peers = peer_proxies.start(bs, source.ca_pem)
+    specs = paths(peers)
+    pids = {"server": source.server.pid, "gateway": bs.stack.gateway.pid, **peers.pids}
+    ca = str(peers.ca_bundle) if peers.ca_bundle else None
+    agents: dict[str, Agent] = {}
+    failures: list[str] = []
+    # One round visits every path once, so slow drift in a neighbour's load is shared by all.
+    with Sampler(pids) as sampler, stdout_to(bs.base / "sessions.out"):
+        try:
+            for side in dict.fromkeys(p.side for p in specs):
+                agents[side] = start_agent(bs, side, failures)
+            for r in range(plan.bulk):
+                log(f"proxy: 1 GiB, round {r + 1} of {plan.bulk}")
+                for p in specs:
+                    agents[p.side].do(bulk_line(p, ca))
+            for r in range(plan.rt_rounds):
+                log(f"proxy: keep-alive round trips, round {r + 1} of {plan.rt_rounds}")
+                for p in specs:
+                    agents[p.side].do(rtt_line(p, ca, plan))
+            log("proxy: server-sent events")
+            for p in specs:
+                if p.sse is not None:
+                    agents[p.side].do(sse_line(p, ca, plan))
+        finally:
+            for agent in agents.values():
+                agent.close()
+    steps = {side: read_steps(agent.work) for side, agent in agents.items()}
+    results: dict[str, dict[str, Any]] = {}
+    for p in specs:
+        mine = [s for s in steps.get(p.side, []) if s.key == p.key]
+        results[p.key] = {
+            "label": p.label,
+            "side": p.side,
+            "proxy_process": p.proxy,
+            "bulk": judge_bulk([s for s in mine if s.kind == "bulk"], sampler, p),
+            "rtt": judge_rtt([s for s in mine if s.kind == "rtt"], sampler, p, plan),
+            "sse": judge_sse([s for s in mine if s.kind == "sse"]),
+        }
+    base_rt = results.get("kernel", {}).get("rtt", {}).get("median_us", math.nan)
+    base_mb = results.get("kernel", {}).get("bulk", {}).get("median_MB_s", math.nan)
+    for res in results.values():
+        if res["rtt"]:
+            res["rtt"]["added_us"] = res["rtt"]["median_us"] - base_rt
+        res["bulk"]["vs_kernel"] = ratio(res["bulk"]["median_MB_s"], base_mb)
+    return {
+        "plan": plan.__dict__,
+        "name": NAME,
+        "address": ADDRESS,
+        "missing": peers.missing,
+        "failures": failures,
+        "paths": results,
+        "goals": goals(results),
+    }
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) and not math.isnan(a) else math.nan
+
+
+def goals(r: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every goal of the brief, per path it applies to: figure, target, ratio, verdict."""
+
+    def mb(key: str) -> float:
+        return float(r.get(key, {}).get("bulk", {}).get("median_MB_s", math.nan))
+
+    def added(key: str) -> float:
+        return float(r.get(key, {}).get("rtt", {}).get("added_us", math.nan))
+
+    def p99(key: str) -> float:
+        return float(r.get(key, {}).get("sse", {}).get("p99_ms", math.nan))
+
+    out: list[dict[str, Any]] = []
+
+    def goal(what: str, figure: float, target: str, ok: bool, unit: str, note: str = "") -> None:
+        meets = None if math.isnan(figure) else ok
+        out.append(
+            {"goal": what, "figure": figure, "target": target, "meets": meets, "unit": unit,
+             "note": note}
+        )  # fmt: skip
+
+    def best(key: str) -> float:
+        return float(r.get(key, {}).get("bulk", {}).get("best_MB_s", math.nan))
+
+    def cpu(key: str) -> float:
+        return float(r.get(key, {}).get("bulk", {}).get("cpu_s_per_GB", math.nan))
+
+    def also(a: str, b: str) -> str:
+        """The same comparison by best run and by CPU per GB (steadier on a busy machine)."""
+        return f"; best runs {ratio(best(a), best(b)):.2f}x; CPU s/GB {cpu(a):.2f} vs {cpu(b):.2f}"
+
+    kernel, mitm_pass, mitm = mb("kernel"), mb("mitm-pass"), mb("mitm-intercept")
+    for key in ("sg-kernel", "sg-connect"):
+        x = ratio(mb(key), kernel)
+        target = GOALS["pass_vs_kernel"]
+        note = f"{mb(key):.0f} vs {kernel:.0f} MB/s" + also(key, "kernel")
+        goal(f"{key} MB/s vs kernel path", x, f">= {target}x", x >= target, "x", note)
+        x = ratio(mb(key), mitm_pass)
+        target = GOALS["pass_vs_mitm_pass"]
+        note = f"{mb(key):.0f} vs {mitm_pass:.0f} MB/s" + also(key, "mitm-pass")
+        goal(f"{key} MB/s vs mitmproxy passthrough", x, f">= {target}x", x >= target, "x", note)
+        target = GOALS["pass_added_us"]
+        goal(f"{key} added round trip", added(key), f"<= {target:g} µs", added(key) <= target, "µs")
+    for key in ("sg-inspect", "sg-inspect-connect"):
+        x = ratio(mb(key), mitm)
+        target = GOALS["inspect_vs_mitm"]
+        note = f"{mb(key):.0f} vs {mitm:.0f} MB/s" + also(key, "mitm-intercept")
+        goal(f"{key} MB/s vs mitmproxy interception", x, f">= {target}x", x >= target, "x", note)
+        x = ratio(added(key), added("mitm-intercept"))
+        target = GOALS["inspect_added_share"]
+        note = f"+{added(key):.0f} vs +{added('mitm-intercept'):.0f} µs"
+        goal(f"{key} added round trip vs mitmproxy's", x, f"<= {target:.2f}x", x <= target, "x",
+             note)  # fmt: skip
+    for key in ("sg-kernel", "sg-connect", "sg-inspect", "sg-inspect-connect"):
+        target = GOALS["sse_p99_ms"]
+        goal(f"{key} SSE p99 delay", p99(key), f"< {target:g} ms", p99(key) < target, "ms")
+    return out
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg(), "kernel": os.uname().release}
+
+
+def main_proxy(quick: bool) -> dict[str, Any]:
+    log(f"proxy{' (quick)' if quick else ''}")
+    started = time.time()
+    out: dict[str, Any] = {"suite": "proxy", "machine": machine(), "quick": quick}
+    with bench_stack() as bs:
+        out["instance"] = bs.instance
+        out.update(measure(bs, quick))
+    out["elapsed_s"] = time.time() - started
+    out["machine"]["loadavg_end"] = os.getloadavg()
+    out["rerun"] = "bench/run proxy" + (" --quick" if quick else "") + "   [--json]"
+    return out
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def _f(v: Any, spec: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, spec)
+
+
+def render(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    plan = result["plan"]
+    lines = [
+        f"sandgate bench proxy{' --quick' if result['quick'] else ''}: {m['cpus']} CPUs, kernel "
+        f"{m['kernel']}, load average {m['loadavg_start'][0]:.2f} at start, "
+        f"{m['loadavg_end'][0]:.2f} at end; {result['elapsed_s']:.0f} s",
+        f"source: https://{result['name']}/ at {result['address']}:443 (tls_server.py, world CA"
+        f" leaf); 1 GiB x {plan['bulk']} (median), {plan['rt']} keep-alive round trips,"
+        f" SSE {plan['sse_n']} events every {plan['sse_interval_ms']:g} ms",
+        "MB/s: median of the runs (best: the fastest); s/GB: CPU seconds per GB of our own"
+        " processes on the path (curl, server, proxy or gateway daemon; the kernel's forwarding"
+        " is charged to whichever of them sends); added µs = median per-request time minus the"
+        " kernel path's. Ratios are judged, never asserted.",
+        "",
+        f"{'path':44} {'MB/s':>6} {'best':>5} {'xkern':>5} {'s/GB':>5} {'rt µs':>6} {'+µs':>6}"
+        f" {'p90':>6} {'SSE p50/p99 ms':>14}   cores at the median GiB:"
+        " curl server gateway proxy softirq other all",
+    ]
+    others = [r["bulk"]["at_median"].get("other") for r in result["paths"].values()]
+    other = median([x for x in others if isinstance(x, float) and not math.isnan(x)])
+    if other > 0.25:
+        lines.insert(
+            3,
+            f"the machine was busy with other work ({other:.2f} cores besides ours at the median"
+            " transfer): medians move with it; best runs and CPU s/GB are steadier.",
+        )
+    for r in result["paths"].values():
+        b, t, s = r.get("bulk", {}), r.get("rtt", {}), r.get("sse", {})
+        c = b.get("at_median", {})
+        sse = f"{_f(s.get('p50_ms'), '.2f')}/{_f(s.get('p99_ms'), '.2f')}" if s else "-"
+        cpu = " ".join(
+            f"{_f(c.get(k), '.2f'):>5}"
+            for k in ("client", "server", "gateway", "proxy", "softirq", "other", "all")
+        )
+        lines.append(
+            f"{r['label'][:44]:44} {_f(b.get('median_MB_s'), '.0f'):>6}"
+            f" {_f(b.get('best_MB_s'), '.0f'):>5} {_f(b.get('vs_kernel'), '.2f'):>5}"
+            f" {_f(b.get('cpu_s_per_GB'), '.2f'):>5} {_f(t.get('median_us'), '.0f'):>6}"
+            f" {_f(t.get('added_us'), '+.0f'):>6} {_f(t.get('p90_us'), '.0f'):>6}"
+            f" {sse:>14}   {cpu}"
+        )
+        notes = []
+        if b:
+            runs = ", ".join(_f(x["MB_s"], ".0f") for x in b["runs"])
+            notes.append(f"runs {runs}; limit: {b['limit']}")
+        problems = [*b.get("errors", []), t.get("error", ""), s.get("error", "")]
+        if t and (t.get("reconnects") or t.get("codes") not in (["200"], [])):
+            problems.append(f"round trips: codes {t['codes']}, {t['reconnects']} reconnects")
+        if t.get("cut"):
+            notes.append(f"only {t['count']} round trips: the path is too slow for the time budget")
+        notes += [f"error: {p}" for p in problems if p]
+        lines += [f"    {n}" for n in notes]
+    for key, why in result.get("missing", {}).items():
+        lines.append(f"{key:44} not measured: {why}")
+    lines += [f"failure: {f}" for f in result.get("failures", [])]
+    lines += ["", f"{'goal':52} {'figure':>8}  {'target':14} {'':6}  note"]
+    for g in result["goals"]:
+        verdict = {True: "MEETS", False: "MISSES", None: "-"}[g["meets"]]
+        spec = ".2f" if g["unit"] in ("x", "ms") else ".0f"
+        fig = _f(g["figure"], spec) + ("x" if g["unit"] == "x" else f" {g['unit']}")
+        lines.append(f"{g['goal']:52} {fig:>8}  {g['target']:14} {verdict:6}  {g['note']}")
+    lines += ["", f"re-run: {result['rerun']}"]
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+"""``python -m sandgate``: the same as the ``sandgate`` command."""
+
+from sandgate.cli import main
+
+main()

@@ -1,0 +1,128 @@
+"""Which agent a suite runs: a built-in name or a command template.
+
+    --agent scripted                                   sandgate's deterministic agent
+    --agent 'my-agent --task {prompt_file} --cwd {workdir}'   any command; placeholders:
+        {prompt_file}  the task's prompt, as a file inside the sandbox
+        {workdir}      the work dir inside the sandbox (/work)
+        {home}         the agent's home inside the sandbox (/home/agent)
+
+A template is checked before anything runs: an unknown placeholder is an error that names it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sandgate.errors import SandgateError
+from sandgate.sandbox.bwrap import SANDBOX_HOME, SANDBOX_WORK
+
+PROMPT_FILE = "/run/sandgate/prompt.txt"
+AGENT_DIR = "/run/sandgate/agent"
+PLACEHOLDERS = {"prompt_file": PROMPT_FILE, "workdir": SANDBOX_WORK, "home": SANDBOX_HOME}
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    argv: tuple[str, ...]  # placeholders filled in with sandbox paths
+    files: dict[str, Path] = field(default_factory=dict)  # extra files bound in: target -> source
+    env: dict[str, str] = field(default_factory=dict)
+    home: Path | None = None  # a home template the agent needs (its config), if any
+    # Per-task set-up on the host before a session; what it returns is recorded with it.
+    prepare: Callable[[str, str], dict[str, Any]] | None = None
+    # Start the prompt with "[task ID]": the test world's model server replays that task's
+    # scripted turns for a real framework (agents/frameworks.py).
+    tag_task: bool = False
+    # Where the framework keeps its own state (its writes there are the framework's, reported
+    # apart from the agent's stray writes).
+    state_paths: tuple[str, ...] = ()
+    # A regex for the output line after which the final answer starts (None: "ANSWER:").
+    answer_after: str | None = None
+
+
+def package_file(name: str) -> Path:
+    return Path(str(resources.files("sandgate.agents").joinpath(name)))
+
+
+def scripted() -> AgentSpec:
+    target = f"{AGENT_DIR}/scripted_agent.py"
+    return AgentSpec(
+        "scripted",
+        ("/usr/bin/python3", target, PROMPT_FILE),
+        files={target: package_file("scripted_agent.py")},
+    )
+
+
+def hermes() -> AgentSpec:
+    from sandgate.agents import frameworks
+
+    try:
+        spec: AgentSpec = frameworks.agent_spec("hermes")
+    except frameworks.NotInstalled as exc:
+        raise SandgateError(
+            "the hermes agent framework is not installed",
+            "/opt/sandgate/venv/bin/python -m sandgate.agents.frameworks install hermes "
+            f"(needs the package registry; {exc})",
+        ) from None
+    return spec
+
+
+BUILTIN: dict[str, Callable[[], AgentSpec]] = {"scripted": scripted, "hermes": hermes}
+
+
+def builtin_names() -> list[str]:
+    return sorted(BUILTIN)
+
+
+def register(name: str, factory: Callable[[], AgentSpec]) -> None:
+    BUILTIN[name] = factory
+
+
+def resolve(agent: str) -> AgentSpec:
+    """A built-in agent by name, else a command template."""
+    if agent in BUILTIN:
+        return BUILTIN[agent]()
+    return AgentSpec("command", parse_template(agent))
+
+
+def parse_template(template: str) -> tuple[str, ...]:
+    try:
+        words = shlex.split(template)
+    except ValueError as exc:
+        raise SandgateError(f"agent command {template!r}: {exc}", "check the quotes") from None
+    if not words:
+        raise SandgateError(
+            "the agent command is empty",
+            f"give a built-in agent ({', '.join(builtin_names())}) or a command",
+        )
+    if len(words) == 1 and "/" not in words[0] and "{" not in words[0]:
+        # One bare word that is not a built-in: probably a typo of one.
+        known = ", ".join(builtin_names())
+        raise SandgateError(
+            f"unknown agent {words[0]!r}",
+            f"built-in agents: {known}; or a command such as 'my-agent {{prompt_file}}'",
+        )
+    return tuple(fill(word) for word in words)
+
+
+def fill(word: str) -> str:
+    fields = []
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(word) if f is not None]
+    except ValueError as exc:
+        raise SandgateError(
+            f"agent command: {word!r}: {exc}", "write a literal brace as {{ or }}"
+        ) from None
+    for name in fields:
+        if name not in PLACEHOLDERS:
+            raise SandgateError(
+                f"agent command: unknown placeholder {{{name}}}",
+                "use {prompt_file}, {workdir} or {home}",
+            )
+    return word.format(**PLACEHOLDERS)

@@ -1,0 +1,197 @@
+"""A session's files, from the agent's side: fresh work dir and home, stray writes captured
+and quarantined, a bounded disk, drift found (and a changed gateway restored), sudo counted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sandgate import cleanup
+from sandgate.errors import SandboxError
+from sandgate.sandbox.workspace import SESSIONS_ROOT, WorkspaceSpec, mount_tmpfs, our_mounts
+from sandgate.session.runner import session_dir
+from sandgate.session.stack import Stack
+
+from .conftest import Runner
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text("[global]\ntimeout = 5\n")
+    (home / "notes.txt").write_text("from the template\n")
+    return home
+
+
+@pytest.fixture
+def fixtures(tmp_path: Path) -> Path:
+    fx = tmp_path / "fixtures"
+    (fx / "data").mkdir(parents=True)
+    (fx / "data" / "in.csv").write_text("a,b\n1,2\n")
+    os.symlink("data/in.csv", fx / "link.csv")
+    return fx
+
+
+def test_fresh_dirs_strays_quarantined_and_nothing_survives(
+    sandbox: Runner, template: Path, fixtures: Path
+) -> None:
+    script = (
+        "cat /work/link.csv > /work/seen.txt; cat /home/agent/notes.txt >> /work/seen.txt; "
+        "echo stray > /tmp/t.txt; echo v > /var/tmp/v.txt; echo s > /dev/shm/s.bin; "
+        "mkdir -p /home/agent/.local/bin && echo '#!/bin/sh' > /home/agent/.local/bin/tool; "
+        "echo changed >> /home/agent/notes.txt; echo r > /run/r.txt; "
+        "touch /dev/evil 2>/dev/null && echo dev-writable >> /work/seen.txt; "
+        "echo work-output > /work/result.txt"
+    )
+    r = sandbox.sh(script, space=WorkspaceSpec(fixtures=fixtures, home_template=template))
+    assert r.exit_code == 0, r.message
+    keep = session_dir(r.session, str(sandbox.store_path))
+    seen = (keep / "work" / "seen.txt").read_text()
+    assert seen == "a,b\n1,2\nfrom the template\n"  # fixtures and home were copied in
+    strays = {s["path"]: s for s in r.report.writes["strays"]}
+    for path in (
+        "/tmp/t.txt",
+        "/var/tmp/v.txt",
+        "/dev/shm/s.bin",
+        "/run/r.txt",
+        "/home/agent/.local/bin/tool",
+    ):
+        assert strays[path]["change"] == "new", path
+        kept = keep / strays[path]["kept"]
+        assert kept.is_file() and len(strays[path]["sha256"]) == 64
+    assert strays["/home/agent/notes.txt"]["change"] == "changed"
+    assert "/work/result.txt" not in strays
+    assert not any(p.startswith("/run/sandgate") for p in strays)  # bwrap's mount points
+    assert (keep / "work" / "result.txt").read_text() == "work-output\n"
+    # The template is untouched and the session's disk is gone.
+    assert (template / "notes.txt").read_text() == "from the template\n"
+    assert not (template / ".local").exists()
+    assert not (SESSIONS_ROOT / r.session).exists()
+    assert SESSIONS_ROOT / r.session not in our_mounts(SESSIONS_ROOT)
+
+
+def test_keep_writes_writes_the_home_back(sandbox: Runner, template: Path) -> None:
+    r = sandbox.sh(
+        "echo kept > /home/agent/new.txt; rm /home/agent/notes.txt",
+        space=WorkspaceSpec(home_template=template, keep_writes=True),
+    )
+    assert r.exit_code == 0
+    assert (template / "new.txt").read_text() == "kept\n"
+    assert not (template / "notes.txt").exists()
+    assert r.report.writes["kept_writes"] == str(template)
+
+
+def test_a_home_link_to_a_shared_dir_is_refused_before_anything_runs(
+    sandbox: Runner, template: Path, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared-tools"
+    shared.mkdir()
+    os.symlink(shared, template / "tools")
+    before = set(os.listdir(SESSIONS_ROOT)) if SESSIONS_ROOT.is_dir() else set()
+    with pytest.raises(SandboxError, match="outside"):
+        sandbox.sh("touch /home/agent/tools/x", space=WorkspaceSpec(home_template=template))
+    assert set(os.listdir(SESSIONS_ROOT)) <= before
+    assert not list(shared.iterdir())
+
+
+def test_filling_the_disk_is_bounded_and_reported(sandbox: Runner) -> None:
+    r = sandbox.sh(
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=20 2>/dev/null; "
+        "dd if=/dev/zero of=/work/fill bs=1M count=200 2>/dev/null; df -k /work",
+        space=WorkspaceSpec(disk=64 * MiB, quarantine=8 * MiB, keep_work=8 * MiB),
+    )
+    writes = r.report.writes
+    assert writes["disk_full"] is True
+    assert writes["disk_used"] <= 64 * MiB + MiB
+    (stray,) = [s for s in writes["strays"] if s["path"] == "/tmp/fill"]
+    assert stray["kept"] is None and writes["not_kept"] == 1  # larger than the quarantine
+    assert any("larger than --keep-work" in n for n in writes["notes"])
+    # The next session has its own, empty disk.
+    r2 = sandbox.sh("dd if=/dev/zero of=/work/f bs=1M count=8 2>/dev/null")
+    assert r2.exit_code == 0 and not r2.report.writes["disk_full"]
+
+
+def test_a_hanging_agent_is_killed_and_still_reported(sandbox: Runner) -> None:
+    started = time.monotonic()
+    r = sandbox.sh("echo started; echo junk > /tmp/j; sleep 300", timeout=2)
+    assert r.exit_code == 124 and "timed out" in (r.message or "")
+    assert time.monotonic() - started < 30
+    assert any(s["path"] == "/tmp/j" for s in r.report.writes["strays"])
+    assert r.report.output and "started" in Path(r.report.output).read_text()
+
+
+def test_privilege_attempts_are_refused_and_counted(sandbox: Runner) -> None:
+    r = sandbox.sh("sudo apt-get install -y jq; su -c id; /usr/bin/su root -c id; id -u")
+    text = Path(r.report.output or "").read_text()
+    assert "no privileges in a sandgate sandbox" in text
+    assert text.rstrip().endswith("61000")
+    tools = [p["tool"] for p in r.report.privilege]
+    assert tools.count("su") == 2 and tools.count("sudo") == 1
+
+
+def test_home_config_drift_is_diffed(sandbox: Runner, template: Path) -> None:
+    r = sandbox.sh(
+        "pip3 config --user set global.index-url http://evil.example/simple >/dev/null; "
+        "git config --global http.proxy http://10.0.0.9:3128",
+        space=WorkspaceSpec(home_template=template),
+    )
+    items = {i["what"]: i for i in r.report.drift["items"]}
+    assert (
+        "+index-url = http://evil.example/simple"
+        in items["/home/agent/.config/pip/pip.conf"]["diff"]
+    )
+    assert items["/home/agent/.gitconfig"]["change"] == "added"
+    assert "proxy = http://10.0.0.9:3128" in items["/home/agent/.gitconfig"]["diff"]
+    assert not r.report.drift["gateway_changed"]
+
+
+def test_a_gateway_ruleset_changed_during_a_session_is_restored(
+    sandbox: Runner, stack: Stack
+) -> None:
+    ns = f"--net=/proc/{stack.gateway.pid}/ns/net"
+
+    def tamper() -> None:
+        time.sleep(0.5)
+        subprocess.run(
+            ["nsenter", ns, "nft", "insert", "rule", "inet", "sandgate", "forward",
+             "ip", "daddr", "169.254.0.0/16", "accept"],
+            check=True,
+        )  # fmt: skip
+
+    t = threading.Thread(target=tamper)
+    t.start()
+    r = sandbox.sh("sleep 1.5")
+    t.join()
+    drift = r.report.drift
+    assert drift["gateway_changed"] is True and drift["gateway_restored"] is True
+    (item,) = [i for i in drift["items"] if i["what"] == "gateway ruleset"]
+    assert "169.254.0.0" in item["diff"]
+    listing = subprocess.run(
+        ["nsenter", ns, "nft", "list", "chain", "inet", "sandgate", "forward"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "169.254.0.0/16 accept" not in listing
+    with stack.gateway.client() as ctl:
+        assert not ctl.call("check")["problems"]
+    # And the gateway forwards again: the next session reaches the model server.
+    r2 = sandbox.sh("curl -sS -m 5 -o /dev/null -w '%{http_code}' http://10.77.0.10:8000/v1/models")
+    assert Path(r2.report.output or "").read_text().strip() == "200"
+
+
+def test_cleanup_unmounts_a_dead_sessions_disk() -> None:
+    target = SESSIONS_ROOT / "19700101-000000-dead"
+    SESSIONS_ROOT.mkdir(parents=True, exist_ok=True)
+    target.mkdir()
+    mount_tmpfs(target, 4 * MiB)
+    assert target in our_mounts(SESSIONS_ROOT)
+    result = cleanup.cleanup()
+    assert str(target) in result.mounts
+    assert target not in our_mounts(SESSIONS_ROOT) and not target.exists()
