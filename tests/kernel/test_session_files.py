@@ -3,6 +3,7 @@ and quarantined, a bounded disk, drift found (and a changed gateway restored), s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -195,3 +196,11 @@ def test_cleanup_unmounts_a_dead_sessions_disk() -> None:
     result = cleanup.cleanup()
     assert str(target) in result.mounts
     assert target not in our_mounts(SESSIONS_ROOT) and not target.exists()
+
+
+def test_notify_when_the_session_ends(sandbox: Runner, tmp_path: Path) -> None:
+    told = tmp_path / "told.json"
+    r = sandbox.sh("exit 3", notify=f"printenv SANDGATE_ALARM > {told}")
+    payload = json.loads(told.read_text())
+    assert payload["event"] == "session-end"
+    assert payload["session"] == r.session and payload["exit_code"] == 3

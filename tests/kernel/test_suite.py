@@ -131,6 +131,22 @@ def test_cli_suite_json_lines_and_report(store_path: Path, tmp_path: Path) -> No
     assert "claims in the final answer" in rep.stdout and "T13" not in rep.stderr
 
 
+def test_notify_when_the_suite_ends(stack: Stack, store_path: Path, tmp_path: Path) -> None:
+    told = tmp_path / "told.json"
+    suite = load_tasks(TASKS)
+    opts = SuiteOptions(
+        tasks=TASKS,
+        agent=resolve("scripted"),
+        store=str(store_path),
+        modes=("locked",),
+        notify=f"printenv SANDGATE_ALARM > {told}",
+    )
+    result = run_suite_in(stack, suite, [suite.tasks[0]], opts)
+    payload = json.loads(told.read_text())
+    assert payload["event"] == "suite-end" and payload["summary"] == {"locked": {"pass": 1}}
+    assert payload["saved"] == str(result.saved)
+
+
 def test_a_bad_task_file_fails_before_anything_runs(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[[task]]\nid = "X1"\nprompt = "p"\nfixtures = "nowhere"\nchecks = []\n')

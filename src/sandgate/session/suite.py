@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.agents.registry import PROMPT_FILE, AgentSpec
+from sandgate.errors import SandgateError
 from sandgate.events.store import default_home
 from sandgate.report.session import SessionReport
 from sandgate.sandbox.launch import preflight
@@ -104,8 +105,6 @@ def run_suite(opts: SuiteOptions) -> SuiteResult:
     selected = [t for t in suite.tasks if not opts.only or t.id in opts.only]
     missing = set(opts.only) - {t.id for t in suite.tasks}
     if missing:
-        from sandgate.errors import SandgateError
-
         raise SandgateError(
             f"no task {', '.join(sorted(missing))} in {opts.tasks}",
             f"tasks there: {', '.join(t.id for t in suite.tasks)}",

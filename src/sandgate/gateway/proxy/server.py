@@ -130,6 +130,7 @@ class Proxy:
             except OSError:
                 return
             conn.settimeout(None)
+            _no_delay(conn)
             threading.Thread(
                 target=self._guarded, args=(handler, conn, peer, guest), daemon=True
             ).start()
@@ -288,6 +289,7 @@ class Proxy:
             self._refuse(conn, rec, log_only=True)
             return
         upstream.settimeout(None)
+        _no_delay(upstream)
         with upstream:
             if early:
                 upstream.sendall(early)
@@ -314,9 +316,18 @@ class Proxy:
 
     def _dial(self, address: str, port: int, tls_name: str | None) -> socket.socket:
         sock = socket.create_connection((address, port), timeout=DIAL_TIMEOUT)
+        _no_delay(sock)
         if tls_name is None:
             return sock
         return self.upstream_tls.wrap_socket(sock, server_hostname=tls_name)
+
+
+def _no_delay(sock: socket.socket) -> None:
+    """Send small writes at once. A proxy writes a response head and its body (or an SSE
+    event) separately; with Nagle on, the second write waits for the peer's delayed ACK, which
+    added 40 ms to every inspected response and to streamed tokens (bench/run proxy)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def original_dst(conn: socket.socket) -> tuple[str, int]:
