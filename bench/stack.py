@@ -110,7 +110,7 @@ def bench_stack() -> Iterator[BenchStack]:
         _peers(net, world.ns("lan"), base)
         cfg = gateway_config(name, info, str(base / "events.db"), drop_log_rate=DROP_LOG_RATE)
         cfg = dataclasses.replace(cfg, upstream_dns=(UPSTREAM,))
-        handle = manage.start(cfg)
+        handle = manage.start(cfg, env=info.gateway_env)  # the world's API key, as stack.py
         stack = Stack(name, handle, info, owned=True, _world=world)
         yield BenchStack(stack, net, base)
     finally:

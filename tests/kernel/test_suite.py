@@ -65,6 +65,16 @@ def test_framework_startup_traffic_shows_in_every_session(result: SuiteResult) -
     assert all("api.github.com" in r.names for r in result.rows)
 
 
+def test_process_attribution_tells_framework_from_tools(result: SuiteResult) -> None:
+    share = result.attribution_share()
+    assert share is not None and share >= 0.95, share
+    # The control runs no tool: all its traffic is the framework's own start-up traffic.
+    for mode in ("locked", "open"):
+        assert set(_row(result, "C00", mode).attribution["by_role"]) == {"framework"}
+    t13 = _row(result, "T13", "open").attribution["by_role"]
+    assert t13.get("framework", 0) >= 1 and t13.get("tool", 0) >= 1
+
+
 def test_names_and_connections(result: SuiteResult) -> None:
     t20 = _row(result, "T20", "locked")
     assert t20.connections.get("ICMP", {}).get("deny", 0) >= 1
@@ -189,6 +199,8 @@ def test_a_real_framework_suite_locked_and_open(stack: Stack, store_path: Path) 
         # The framework's own start-up traffic, before any tool ran (report 000).
         assert {"pypi.org", "github.com"} <= set(r.names), r.names
         assert r.framework_writes > 0 and not any("/.hermes/" in p for p in r.strays)
+        assert r.attribution["by_role"].get("framework", 0) >= 1
+    assert rows["T13", "open"].attribution["by_role"].get("tool", 0) >= 1  # its curl
     assert [c["kind"] for c in rows["T13", "locked"].flagged_claims] == ["download"]
     assert rows["T13", "open"].flagged_claims == [] and rows["T13", "open"].claims == 1
     assert rows["T13", "open"].outcome == "pass"

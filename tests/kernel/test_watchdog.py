@@ -250,5 +250,7 @@ def test_a_rogue_resolver_makes_prove_fail(watched: Stack) -> None:
     store = str(watched.config.store) if watched.config else None
     result = prove_on(watched, ProveOptions(world="test", mode="locked", store=store))
     failed = {r.probe for r in result.failed}
-    # The names it should have refused now resolve; the exfiltration name reached upstream.
-    assert {"long-label DNS exfiltration", "rebinding name"} <= failed
+    # The names it should have refused now resolve: the exfiltration name reached upstream.
+    # (A rebinding answer is still refused by the answer filter behind the name policy, unless
+    # the watchdog's cut happens to land during that probe: not asserted either way.)
+    assert "long-label DNS exfiltration" in failed

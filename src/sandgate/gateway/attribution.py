@@ -60,7 +60,11 @@ class Attributor:
         if known is None:
             self._senders[key] = _Sender(uid, ts, extra=dict(extra))
         else:
+            # Two guest-side records of one flow (the uid log and the process hold): merge.
             known.ts = ts
+            known.extra.update(extra)
+            if known.uid is None:
+                known.uid = uid
         for pkey in [k for k in self._pending if k[0] == key]:
             self._release(pkey, uid)
 
@@ -128,4 +132,8 @@ class Attributor:
 
 def _with(event: Event, sender: _Sender) -> Event:
     details = {**event.details, **sender.extra} if sender.extra else event.details
-    return dataclasses.replace(event, uid=sender.uid, details=details)
+    process = sender.extra.get("process")
+    pid = process.get("pid") if isinstance(process, dict) else None
+    return dataclasses.replace(
+        event, uid=sender.uid, details=details, pid=pid if isinstance(pid, int) else event.pid
+    )

@@ -27,6 +27,10 @@ GUEST_IFNAME = "eth0"
 
 # Namespace-wide settings of the gateway, written before forwarding is switched on.
 GATEWAY_SYSCTLS = {
+    # Refusals are ICMP errors; the kernel's per-peer limit (one a second after a burst of 6)
+    # made a refused agent wait out a SYN retransmission. The global cap stays
+    # (icmp_msgs_per_sec, 1000/s), so a guest cannot make the gateway flood.
+    "net.ipv4.icmp_ratelimit": "0",
     "net.ipv6.conf.all.disable_ipv6": "1",
     "net.ipv6.conf.default.disable_ipv6": "1",
     "net.ipv4.conf.all.arp_ignore": "1",

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from sandgate.gateway.attribution import Attributor, FlowKey
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.links import Plumber, guest_mac
 from sandgate.gateway.logreader import gateway_event, guest_flow, proto_name
+from sandgate.gateway.prochold import ProcessHold
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
@@ -77,6 +79,7 @@ class Guest:
     uid: int | None = None
     uidlog: NflogSocket | None = None
     proxy: ProxyGuest | None = None
+    hold: ProcessHold | None = None  # which process made each flow (prochold.py)
     started: float = field(default_factory=time.time)
     msg: dict[str, Any] = field(default_factory=dict)  # how it was added (for reloads, restarts)
 
@@ -374,6 +377,15 @@ class Gateway:
             profile = self._profile_for(msg, policy, link)
             netns = msg["netns"]
             ns.check_ours(netns)
+            # The process hold starts meanwhile (its iptables restore is a subprocess).
+            loop = asyncio.get_running_loop()
+            holding = (
+                None
+                if canary
+                else loop.run_in_executor(
+                    None, self._start_hold, link.ifname, netns, msg.get("pid"), loop
+                )
+            )
             undo: list[Any] = []
             try:
                 await self._nl(self.plumber.attach_guest, link, netns)
@@ -404,10 +416,16 @@ class Gateway:
                 self.proxy.start_guest(pg)
                 undo.append(lambda: self.proxy.stop_guest(pg))
                 uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
+                undo.append(uidlog.close)
+                hold = await holding if holding is not None else None
+                if hold is not None:
+                    undo.append(hold.stop)
             except BaseException:
                 for step in reversed(undo):
                     with contextlib.suppress(Exception):
                         step()
+                if holding is not None and not holding.done():
+                    holding.add_done_callback(_stop_hold)
                 raise
             guest = Guest(
                 link,
@@ -419,6 +437,7 @@ class Gateway:
                 msg.get("uid"),
                 uidlog,
                 pg,
+                hold,
                 msg=dict(msg),
             )
             asyncio.get_running_loop().add_reader(uidlog.fileno(), self._on_guest_log, guest)
@@ -474,6 +493,8 @@ class Gateway:
             if guest.uidlog is not None:
                 loop.remove_reader(guest.uidlog.fileno())
                 guest.uidlog.close()
+            if guest.hold is not None:
+                await loop.run_in_executor(None, guest.hold.stop)
             await self.resolver.stop_guest(guest.dns)
             if guest.proxy is not None:
                 await asyncio.get_running_loop().run_in_executor(
@@ -543,11 +564,36 @@ class Gateway:
 
     def _sender(self, guest: Guest, pkt: NflogPacket) -> None:
         key, uid = guest_flow(guest.link.ifname, pkt)
-        self.attributor.sender(key, uid, time.monotonic())
-        if key[4] == 53 and key[1] in ("udp", "tcp") and key[3] != str(guest.link.gateway):
+        self._flow_sender(key, uid)
+
+    def _flow_sender(self, key: FlowKey, uid: int | None, **extra: object) -> None:
+        """A guest-side record of a new flow: its uid (uid log), its process (the hold)."""
+        now = time.monotonic()
+        self.attributor.sender(key, uid, now, **extra)
+        guest = self.guests.get(key[0])
+        gateway = str(guest.link.gateway) if guest is not None else None
+        if key[4] == 53 and key[1] in ("udp", "tcp") and gateway and key[3] != gateway:
             # A DNS packet to another server is redirected: the resolver sees it at the gateway.
-            alias: FlowKey = (key[0], key[1], key[2], str(guest.link.gateway), 53)
-            self.attributor.sender(alias, uid, time.monotonic())
+            alias: FlowKey = (key[0], key[1], key[2], gateway, 53)
+            self.attributor.sender(alias, uid, now, **extra)
+
+    def _start_hold(
+        self, guest: str, netns: str, root_pid: int | None, loop: asyncio.AbstractEventLoop
+    ) -> ProcessHold | None:
+        """The process hold of a guest (on a worker thread); without it (no iptables, an odd
+        kernel) only uids are known, which is said and is no reason to refuse the guest."""
+
+        def report(key: FlowKey, uid: int | None, process: dict[str, Any] | None) -> None:
+            extra = {"process": process} if process is not None else {}
+            loop.call_soon_threadsafe(lambda: self._flow_sender(key, uid, **extra))
+
+        hold = ProcessHold(guest, netns, report, root_pid)
+        try:
+            hold.start()
+        except (SandgateError, OSError) as exc:
+            sys.stderr.write(f"sandgate gateway: no process attribution for {guest}: {exc}\n")
+            return None
+        return hold
 
     def _forget_inspected(self, ifname: str) -> None:
         """The next guest on this link must not inherit this one's inspected addresses."""
@@ -797,6 +843,12 @@ class Gateway:
                 await writer.drain()
         finally:
             self.watchers.remove(q)
+
+
+def _stop_hold(done: asyncio.Future[ProcessHold | None]) -> None:
+    """A hold that finished starting after its guest failed: stop it."""
+    if not done.cancelled() and done.exception() is None and (hold := done.result()):
+        threading.Thread(target=hold.stop, daemon=True).start()
 
 
 def _close_listeners(dns: GuestDNS) -> None:

@@ -72,7 +72,9 @@ __all__ = [
     "DENIED",
     "Action",
     "TlsGate",
+    "hold_text",
     "install",
+    "install_hold",
     "removal_text",
     "remove",
     "restore_text",
@@ -203,6 +205,26 @@ def _restore(text: str) -> None:
     )
     if done.returncode != 0:
         raise NetError(f"{RESTORE} failed: {done.stderr.strip()}")
+
+
+def hold_text(queue_num: int) -> str:
+    """The guest side's process hold (gateway/prochold.py): the first packet of every new
+    outbound flow waits in ``queue_num`` until the gateway has found the process that sent it.
+    ``--queue-bypass``: with no reader the packet goes on (the gateway's rules still judge it);
+    the hold is for attribution, never for enforcement."""
+    return (
+        "*mangle\n"
+        ":OUTPUT ACCEPT [0:0]\n"
+        "-A OUTPUT -o lo -j RETURN\n"
+        f"-A OUTPUT -m conntrack --ctstate NEW -j NFQUEUE --queue-num {queue_num} --queue-bypass\n"
+        "COMMIT\n"
+    )
+
+
+def install_hold(queue_num: int) -> None:
+    """Replace this namespace's ``ip mangle`` table with the process hold (call it inside the
+    guest's namespace: on an NsThread)."""
+    _restore(hold_text(queue_num))
 
 
 def install(gate: TlsGate) -> None:

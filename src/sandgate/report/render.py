@@ -37,7 +37,7 @@ def session_tables(r: SessionReport, title: str | None = None) -> Group:
         )
     parts.append(names if r.names else Text("names asked: none"))
     conns = Table(title="connection attempts", title_justify="left")
-    for col in ("destination", "category", "verdict", "reason", "rule", "attempts", "uids"):
+    for col in ("destination", "category", "verdict", "reason", "rule", "attempts", "uids", "by"):
         conns.add_column(col)
     for d in r.destinations:
         port = f":{d.port}" if d.port is not None else ""
@@ -49,6 +49,7 @@ def session_tables(r: SessionReport, title: str | None = None) -> Group:
             d.rule or "",
             str(d.attempts),
             ",".join(str(u) for u in d.uids),
+            Text(", ".join(d.processes[:3])),
         )
     parts.append(conns if r.destinations else Text("connection attempts: none"))
     if r.requests:
@@ -66,7 +67,9 @@ def session_tables(r: SessionReport, title: str | None = None) -> Group:
                 _verdict(q.verdict),
                 q.reason or "",
                 f"{q.bytes_up}/{q.bytes_down}",
-                "" if q.uid is None else str(q.uid),
+                Text(
+                    ("" if q.uid is None else str(q.uid)) + (f" {q.process}" if q.process else "")
+                ),
             )
         parts.append(reqs)
     totals = ", ".join(
@@ -89,11 +92,12 @@ def findings(r: SessionReport) -> list[object]:
     parts: list[object] = []
     attribution = r.attribution
     if attribution.get("tcp_attempts"):
+        roles = ", ".join(f"{k} {v}" for k, v in sorted(attribution.get("by_role", {}).items()))
         parts.append(
             Text(
                 f"process attribution  {attribution.get('tcp_attributed', 0)}/"
-                f"{attribution['tcp_attempts']} TCP attempts "
-                f"({100 * attribution.get('tcp_share', 0):.0f}%) traced to a process"
+                f"{attribution['tcp_attempts']} TCP attempts traced to a process"
+                + (f"; attempts by role: {roles}" if roles else "")
             )
         )
     parts += _strays(r.writes)
@@ -294,6 +298,12 @@ def prove_table(result: object) -> Table:
     return table
 
 
+def _roles_cell(attribution: dict[str, object]) -> str:
+    roles = attribution.get("by_role") or {}
+    assert isinstance(roles, dict)
+    return f"{roles.get('framework', 0)}/{roles.get('tool', 0)}" if roles else "-"
+
+
 def _names_cell(names: list[str]) -> str:
     # Reverse lookups (ping, ss) are noise in a one-line summary; the JSON keeps them.
     shown = [n for n in names if not n.endswith(".arpa")]
@@ -319,6 +329,7 @@ def suite_table(result: object) -> Table:
         "strays",
         "drift",
         "sudo",
+        "by framework/tools",
         "flagged claims",
         "session",
     ):
@@ -336,6 +347,7 @@ def suite_table(result: object) -> Table:
             str(len(r.strays)) if r.strays else "-",
             Text(", ".join(r.drift)) if r.drift else "-",
             str(r.sudo_attempts) if r.sudo_attempts else "-",
+            _roles_cell(r.attribution),
             Text(
                 "; ".join(str(c.get("text", ""))[:60] for c in r.flagged_claims) or "-",
                 style="red" if r.flagged_claims else "",

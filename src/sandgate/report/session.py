@@ -27,6 +27,7 @@ class Destination:
     attempts: int = 0  # distinct flows
     packets: int = 0
     uids: list[int] = field(default_factory=list)
+    processes: list[str] = field(default_factory=list)  # "role:command" of the senders
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Request:
     bytes_down: int
     uid: int | None
     credentials: list[str] = field(default_factory=list)
+    process: str | None = None  # "role:command" of the sender
 
 
 @dataclass
@@ -101,6 +103,39 @@ class SessionReport:
         return out
 
 
+def process_label(e: Event) -> str | None:
+    """``role:command`` of the process that made the flow (procattr), e.g. ``tool:curl``."""
+    process = e.details.get("process")
+    if not isinstance(process, dict):
+        return None
+    cmdline = process.get("cmdline") or []
+    exe = process.get("exe") or (cmdline[0] if cmdline else "?")
+    name = str(cmdline[0] if cmdline else exe).rsplit("/", 1)[-1]
+    if name.startswith("python") and len(cmdline) > 1:
+        name = f"{name} {str(cmdline[1]).rsplit('/', 1)[-1]}"
+    return f"{process.get('role', '?')}:{name}"
+
+
+def attribution(events: list[Event]) -> dict[str, Any]:
+    """How many TCP attempts (connections judged at the gateway, proxy requests and tunnels)
+    were traced to a process, and how they split between the agent framework and its tools."""
+    tcp = [
+        e for e in events if (e.kind is Kind.CONN and e.protocol == "tcp") or e.kind is Kind.HTTP
+    ]
+    traced = [e for e in tcp if isinstance(e.details.get("process"), dict)]
+    roles: Counter[str] = Counter()
+    for e in events:
+        process = e.details.get("process")
+        if isinstance(process, dict) and e.kind in (Kind.CONN, Kind.HTTP, Kind.DNS):
+            roles[str(process.get("role", "?"))] += 1
+    return {
+        "tcp_attempts": len(tcp),
+        "tcp_attributed": len(traced),
+        "tcp_share": round(len(traced) / len(tcp), 4) if tcp else None,
+        "by_role": dict(roles),
+    }
+
+
 def build_report(
     session: SessionRow | None, events: list[Event], counters: dict[str, Any] | None = None
 ) -> SessionReport:
@@ -138,6 +173,9 @@ def build_report(
         d.packets += e.count
         if e.uid is not None and e.uid not in d.uids:
             d.uids.append(e.uid)
+        who = process_label(e)
+        if who and who not in d.processes:
+            d.processes.append(who)
         fkey = (*key, flow)
         if fkey not in seen_flows:
             seen_flows.add(fkey)
@@ -161,6 +199,7 @@ def build_report(
             bytes_down=int(e.details.get("bytes_down", 0)),
             uid=e.uid,
             credentials=list(e.details.get("credentials", [])),
+            process=process_label(e),
         )
         for e in events
         if e.kind is Kind.HTTP
@@ -197,7 +236,7 @@ def build_report(
         privilege=details.get("privilege", []),
         work_changes=details.get("work_changes", []),
         claims=details.get("claims", []),
-        attribution=details.get("attribution", {}),
+        attribution=attribution(events),
         answer=details.get("answer"),
         output=details.get("output"),
     )
