@@ -223,6 +223,18 @@ def comparison(reports: Sequence[tuple[str, SessionReport]]) -> Table:
     table.add_section()
     table.add_row("exit status", *[Text(str(r.exit_code)) for _, r in reports])
     table.add_row("uids", *[Text(", ".join(map(str, r.uids)) or "-") for _, r in reports])
+    table.add_row(
+        "writes outside /work",
+        *[Text(str(len(r.writes.get("strays", []))) if r.writes else "-") for _, r in reports],
+    )
+    table.add_row(
+        "claims the evidence does not support",
+        *[
+            Text("; ".join(str(c.get("text", "")) for c in r.flagged_claims) or "none",
+                 style="red" if r.flagged_claims else "green")
+            for _, r in reports
+        ],
+    )  # fmt: skip
     return table
 
 
