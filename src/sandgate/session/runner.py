@@ -131,7 +131,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         cleanup.own(box.netns)
         guest = _add_guest(stack, box, sid, opts, uid)
         spec = _spec(stack, box, guest, opts, uid)
-        before = _snapshot(stack, box)
+        before, _ = _snapshot(stack, box)
         store.session_start(
             sid,
             mode=guest["mode"],
@@ -168,6 +168,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         try:
             if box is not None:
                 box.kill()
+            quiet_since = time.time()  # nothing of the guest's runs any more
             if guest is not None and box is not None:
                 try:
                     findings = _findings(stack, box, keep, before, spec_files(box))
@@ -175,7 +176,9 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
             if guest is not None:
                 with contextlib.suppress(SandgateError), stack.gateway.client() as ctl:
-                    counters = ctl.call("remove_guest", guest=guest["guest"]).get("counters", {})
+                    counters = ctl.call(
+                        "remove_guest", guest=guest["guest"], quiet_since=quiet_since
+                    ).get("counters", {})
         finally:
             if box is not None:
                 box.destroy()
@@ -304,13 +307,12 @@ def spec_files(box: Sandbox) -> set[str]:
     return set(box.bound)
 
 
-def _snapshot(stack: Stack, box: Sandbox) -> dict[str, str | None]:
+def _snapshot(stack: Stack, box: Sandbox) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """The drift snapshot, and the gateway's own answer (digest, expected digest)."""
     with stack.gateway.client() as ctl:
-        raw = ctl.call("snapshot")
-    return {
-        **drift.gateway_snapshot(raw),
-        **drift.sandbox_snapshot(box.home, box.dir / "etc"),
-    }
+        raw: dict[str, Any] = ctl.call("snapshot")
+    snap = {**drift.gateway_snapshot(raw), **drift.sandbox_snapshot(box.home, box.dir / "etc")}
+    return snap, raw
 
 
 def _findings(
@@ -323,10 +325,9 @@ def _findings(
     """After the command: drift (restoring a changed gateway), stray writes, privilege attempts."""
     assert box.space is not None
     out: dict[str, Any] = {}
-    after = _snapshot(stack, box)
+    after, raw = _snapshot(stack, box)
     result = drift.Drift(items=drift.diff(before, after))
     with stack.gateway.client() as ctl:
-        raw = ctl.call("snapshot")
         if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
             # Changed from outside the gateway's own bookkeeping: restore and flag it.
             result.gateway_changed = True
