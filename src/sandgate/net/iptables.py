@@ -212,11 +212,15 @@ def hold_text(queue_num: int) -> str:
     outbound flow waits in ``queue_num`` until the gateway has found the process that sent it.
     ``--queue-bypass``: with no reader the packet goes on (the gateway's rules still judge it);
     the hold is for attribution, never for enforcement."""
+    queue = f"-j NFQUEUE --queue-num {queue_num} --queue-bypass"
+    # TCP by its SYN (a flag test, cheaper than a conntrack lookup on every segment of a bulk
+    # transfer; a retransmitted SYN is held again, harmlessly); UDP by conntrack.
     return (
         "*mangle\n"
         ":OUTPUT ACCEPT [0:0]\n"
         "-A OUTPUT -o lo -j RETURN\n"
-        f"-A OUTPUT -m conntrack --ctstate NEW -j NFQUEUE --queue-num {queue_num} --queue-bypass\n"
+        f"-A OUTPUT -p tcp --syn {queue}\n"
+        f"-A OUTPUT -p udp -m conntrack --ctstate NEW {queue}\n"
         "COMMIT\n"
     )
 
