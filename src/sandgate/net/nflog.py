@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import NamedTuple
 
+from sandgate.net import iphead
 from sandgate.net.netlink import (
     NFGENMSG,
     NetfilterSocket,
@@ -95,9 +96,6 @@ _PORTS = struct.Struct("!HH")
 _CFG_MODE = struct.Struct("!IBB")  # copy_range, copy_mode, pad
 
 # IPv6 headers to step over before the transport header, and how their length is encoded.
-_V6_EXT_8 = frozenset({0, 43, 60})  # hop-by-hop, routing, destination options: (len+1)*8
-_V6_AH = 51  # (len+2)*4
-_V6_FRAG = 44  # fixed 8 bytes
 _PORT_PROTOS = frozenset({6, 17, 33, 132, 136})  # TCP, UDP, DCCP, SCTP, UDP-Lite
 _ICMP_PROTOS = frozenset({1, 58})
 _ETHERTYPE_ARP = b"\x08\x06"
@@ -232,40 +230,19 @@ def _headers(family: int, hwproto: int | None, payload: bytes) -> _Headers:
 
 
 def _ipv4(p: bytes) -> _Headers:
-    if len(p) < 20:
-        return _Headers(length=len(p))
-    ihl = (p[0] & 0x0F) * 4
-    total = _U16.unpack_from(p, 2)[0]
-    fragment_offset = _U16.unpack_from(p, 6)[0] & 0x1FFF
-    proto = p[9]
-    src = socket.inet_ntop(socket.AF_INET, p[12:16])
-    dst = socket.inet_ntop(socket.AF_INET, p[16:20])
-    # A non-first fragment carries no transport header, only more payload.
-    l4 = p[ihl:] if fragment_offset == 0 and ihl >= 20 else b""
-    return _transport(proto, src, dst, total, l4)
+    return _from_ip(iphead.ipv4(p), p)
 
 
 def _ipv6(p: bytes) -> _Headers:
-    if len(p) < 40:
-        return _Headers(length=len(p))
-    length = 40 + _U16.unpack_from(p, 4)[0]
-    src = socket.inet_ntop(socket.AF_INET6, p[8:24])
-    dst = socket.inet_ntop(socket.AF_INET6, p[24:40])
-    proto, off = p[6], 40
-    while True:  # every step advances at least 8 bytes, so this ends at the copy's end
-        if proto in _V6_EXT_8 and off + 2 <= len(p):
-            proto, off = p[off], off + (p[off + 1] + 1) * 8
-        elif proto == _V6_AH and off + 2 <= len(p):
-            proto, off = p[off], off + (p[off + 1] + 2) * 4
-        elif proto == _V6_FRAG and off + 8 <= len(p):
-            first = _U16.unpack_from(p, off + 2)[0] & 0xFFF8 == 0
-            proto, off = p[off], off + 8
-            if not first:
-                return _transport(proto, src, dst, length, b"")
-        elif proto in _V6_EXT_8 or proto in (_V6_AH, _V6_FRAG):
-            return _Headers(src=src, dst=dst, length=length)  # chain cut off by copy_range
-        else:
-            return _transport(proto, src, dst, length, p[off:])
+    return _from_ip(iphead.ipv6(p), p)
+
+
+def _from_ip(h: iphead.IpHead, p: bytes) -> _Headers:
+    if h.src is None or h.dst is None:
+        return _Headers(length=h.end)
+    if h.proto is None:
+        return _Headers(src=h.src, dst=h.dst, length=h.end)
+    return _transport(h.proto, h.src, h.dst, h.end, p[h.l4 :] if h.l4 is not None else b"")
 
 
 def _transport(proto: int, src: str, dst: str, length: int, l4: bytes) -> _Headers:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import NamedTuple
 
+from sandgate.net import iphead
 from sandgate.net.netlink import (
     NFGENMSG,
     NLA_F_NESTED,
@@ -125,9 +126,6 @@ _CFG_CMD = struct.Struct("!BxH")  # command, pad, pf
 _CFG_PARAMS = struct.Struct("!IB")  # copy_range, copy_mode (packed: 5 bytes)
 _TSTAMP = struct.Struct("!QQ")  # sec, usec
 _TCP = struct.Struct("!HHIIBB")  # sport, dport, seq, ack, data offset byte, flags
-_V6_EXT_8 = frozenset({0, 43, 60})  # hop-by-hop, routing, destination options: (len+1)*8
-_V6_AH = 51  # (len+2)*4
-_V6_FRAG = 44  # fixed 8 bytes
 
 MAX_COPY_RANGE = 0xFFFF
 
@@ -292,37 +290,16 @@ def _headers(hw_proto: int, p: bytes) -> _Heads:
     """Trust the link-layer protocol the kernel reports; fall back to the IP version nibble."""
     version = p[0] >> 4 if p else 0
     if hw_proto == ETH_P_IP or (hw_proto != ETH_P_IPV6 and version == 4):
-        if len(p) < 20 or version != 4:
-            return _Heads()
-        ihl = (p[0] & 0x0F) * 4
-        end = _U16.unpack_from(p, 2)[0]
-        first = _U16.unpack_from(p, 6)[0] & 0x1FFF == 0  # later fragments hold no L4 header
-        src = socket.inet_ntop(socket.AF_INET, p[12:16])
-        dst = socket.inet_ntop(socket.AF_INET, p[16:20])
-        if ihl < 20 or not first:
-            return _Heads(p[9], src, dst)
-        return _transport(p, p[9], src, dst, ihl, end)
-    if hw_proto == ETH_P_IPV6 or version == 6:
-        if len(p) < 40 or version != 6:
-            return _Heads()
-        end = 40 + _U16.unpack_from(p, 4)[0]
-        src = socket.inet_ntop(socket.AF_INET6, p[8:24])
-        dst = socket.inet_ntop(socket.AF_INET6, p[24:40])
-        proto, off = p[6], 40
-        while True:  # each step advances at least 8 bytes, so this ends at the copy's end
-            if proto in _V6_EXT_8 and off + 2 <= len(p):
-                proto, off = p[off], off + (p[off + 1] + 1) * 8
-            elif proto == _V6_AH and off + 2 <= len(p):
-                proto, off = p[off], off + (p[off + 1] + 2) * 4
-            elif proto == _V6_FRAG and off + 8 <= len(p):
-                if _U16.unpack_from(p, off + 2)[0] & 0xFFF8:
-                    return _Heads(p[off], src, dst)
-                proto, off = p[off], off + 8
-            elif proto in _V6_EXT_8 or proto in (_V6_AH, _V6_FRAG):
-                return _Heads(None, src, dst)  # chain cut off by copy_range
-            else:
-                return _transport(p, proto, src, dst, off, end)
-    return _Heads()
+        h = iphead.ipv4(p) if version == 4 else None
+    elif hw_proto == ETH_P_IPV6 or version == 6:
+        h = iphead.ipv6(p) if version == 6 else None
+    else:
+        h = None
+    if h is None or h.src is None or h.dst is None:
+        return _Heads()
+    if h.proto is None or h.l4 is None:
+        return _Heads(h.proto, h.src, h.dst)
+    return _transport(p, h.proto, h.src, h.dst, h.l4, h.end)
 
 
 def _transport(p: bytes, proto: int, src: str, dst: str, l4: int, end: int) -> _Heads:
