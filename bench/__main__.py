@@ -9,8 +9,8 @@ import os
 import sys
 from typing import Any
 
-from bench.common import signals_raise
 from bench.foundation import PARTS, main_foundation, render
+from sandgate.session.runner import signals_raise
 
 
 def _clean(value: Any) -> Any:

@@ -175,21 +175,6 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """SIGTERM/SIGHUP become KeyboardInterrupt, so every ``finally`` (cleanup) runs."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-@contextlib.contextmanager
 def stdout_to(path: Path) -> Iterator[None]:
     """Point file descriptor 1 (inherited by sandboxed commands) at ``path`` for a while."""
     sys.stdout.flush()

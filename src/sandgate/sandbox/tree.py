@@ -208,10 +208,6 @@ def _safe_mode(mode: int) -> int:
     return (stat.S_IMODE(mode) & 0o777) | 0o600
 
 
-def tree_size(root: Path) -> int:
-    return sum(st.st_size for _, st in walk(root) if stat.S_ISREG(st.st_mode))
-
-
 def mirror_changes(changes: list[Change], source: Path, dest: Path) -> None:
     """Apply ``changes`` (computed on ``source``) to ``dest``: the --keep-writes write-back."""
     for c in changes:

@@ -35,7 +35,6 @@ from sandgate.sandbox.tree import (
     copy_tree,
     manifest,
     mirror_changes,
-    tree_size,
 )
 
 MiB = 1 << 20
@@ -195,10 +194,6 @@ class Workspace:
         if self.own_workdir:
             self.work_before = manifest(self.workdir)
 
-    def work_changes(self) -> list[Change]:
-        """What the session created or changed in its own work dir (for claim checks)."""
-        return compare(self.work_before, manifest(self.workdir)) if self.own_workdir else []
-
     def changes(self, mountpoints: set[str]) -> list[tuple[str, Path, Change]]:
         """Every write outside the work dir: (area in the sandbox, its host folder, change).
 
@@ -214,22 +209,24 @@ class Workspace:
                 out.append((inside, self.dir / name, c))
         return out
 
-    def stray_files(self, mountpoints: set[str]) -> list[tuple[str, Path, Entry]]:
-        """Stray files as (sandbox path, host path, entry), while the session's disk exists."""
-        return [
-            (f"{inside}/{c.path}", root / c.path, c.entry)
-            for inside, root, c in self.changes(mountpoints)
-            if c.change != "deleted"
-        ]
+    def work_after(self) -> dict[str, Entry] | None:
+        """The fresh work dir as the session left it (None for a --workdir of the user's: it
+        has no "before", and hashing someone's whole tree is not ours to do)."""
+        return manifest(self.workdir) if self.own_workdir else None
 
-    def collect(self, keep_dir: Path, mountpoints: set[str]) -> WriteFindings:
-        """After the session: list every stray write, quarantine it, keep the work dir."""
+    def collect(
+        self,
+        keep_dir: Path,
+        changes: list[tuple[str, Path, Change]],
+        work_after: dict[str, Entry] | None,
+    ) -> WriteFindings:
+        """After the session: list every stray write (``changes``), quarantine it, keep the
+        work dir (``work_after``: its manifest, for its size)."""
         out = WriteFindings(notes=list(self.notes), disk_limit=self.spec.disk)
         with contextlib.suppress(OSError):
             st = os.statvfs(self.dir)
             out.disk_used = (st.f_blocks - st.f_bfree) * st.f_frsize
             out.disk_full = st.f_bavail * st.f_frsize < MiB
-        changes = self.changes(mountpoints)
         home_changes = [c for inside, _, c in changes if inside == AREAS["home"]]
         quarantine = keep_dir / "quarantine"
         room = self.spec.quarantine
@@ -264,20 +261,18 @@ class Workspace:
         if self.spec.keep_writes and self.spec.home_template is not None and home_changes:
             mirror_changes(home_changes, self.home, self.spec.home_template)
             out.kept_writes = str(self.spec.home_template)
-        if self.own_workdir:
-            out.work_kept = self._keep_work(keep_dir, out)
+        if work_after is not None:
+            size = sum(e.size for e in work_after.values() if e.kind == "file")
+            out.work_kept = self._keep_work(keep_dir, out, size)
         return out
 
-    def _keep_work(self, keep_dir: Path, out: WriteFindings) -> str | None:
-        size = tree_size(self.workdir)
+    def _keep_work(self, keep_dir: Path, out: WriteFindings, size: int) -> str | None:
         if size > self.spec.keep_work:
             out.notes.append(
                 f"the work dir ({size // MiB} MiB) is larger than --keep-work; not kept"
             )
             return None
         target = keep_dir / "work"
-        with contextlib.suppress(FileExistsError):
-            shutil.rmtree(target, ignore_errors=True)
         try:
             shutil.copytree(self.workdir, target, symlinks=True)
         except (OSError, shutil.Error) as exc:
@@ -291,6 +286,15 @@ class Workspace:
             self.mounted = False
         if self.dir != Path() and self.dir.is_dir():
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stray_files(changes: list[tuple[str, Path, Change]]) -> list[tuple[str, Path, Entry]]:
+    """Stray files as (sandbox path, host path, entry), for the claim check."""
+    return [
+        (f"{inside}/{c.path}", root / c.path, c.entry)
+        for inside, root, c in changes
+        if c.change != "deleted"
+    ]
 
 
 def _is_bind_parent(path: str, mountpoints: set[str], c: Change) -> bool:

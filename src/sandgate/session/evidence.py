@@ -13,7 +13,7 @@ from typing import Any
 
 from sandgate.events.schema import Event
 from sandgate.sandbox.bwrap import SANDBOX_WORK
-from sandgate.sandbox.tree import Entry, manifest
+from sandgate.sandbox.tree import Entry
 from sandgate.session.claims import Evidence, FileFact, Finding, check_claims
 
 HEAD = 4096
@@ -21,17 +21,18 @@ MAX_FILES = 5000
 
 
 def file_facts(
-    workdir: Path,
+    work_after: dict[str, Entry] | None,
     work_before: dict[str, Entry],
+    workdir: Path,
     strays: Iterable[tuple[str, Path, Entry]],
 ) -> dict[str, FileFact]:
-    """Every file in the work dir (new or not) and every stray write, by its sandbox path."""
+    """Every file in the work dir (``work_after``: None when it was not looked at) and every
+    stray write, by its sandbox path."""
     facts: dict[str, FileFact] = {}
-    for rel, entry in list(manifest(workdir).items())[:MAX_FILES]:
-        if entry.kind != "file":
-            continue
-        old = work_before.get(rel)
-        facts[f"{SANDBOX_WORK}/{rel}"] = _fact(workdir / rel, entry, created=old != entry)
+    for rel, entry in list((work_after or {}).items())[:MAX_FILES]:
+        if entry.kind == "file":
+            old = work_before.get(rel)
+            facts[f"{SANDBOX_WORK}/{rel}"] = _fact(workdir / rel, entry, created=old != entry)
     for sandbox_path, host_path, entry in strays:
         if entry.kind == "file" and len(facts) < MAX_FILES:
             facts[sandbox_path] = _fact(host_path, entry, created=True)

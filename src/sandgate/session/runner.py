@@ -35,7 +35,8 @@ from sandgate.sandbox.launch import (
     preflight,
     proxy_env,
 )
-from sandgate.sandbox.workspace import WorkspaceSpec
+from sandgate.sandbox.tree import compare
+from sandgate.sandbox.workspace import WorkspaceSpec, stray_files
 from sandgate.session import drift, evidence
 from sandgate.session.stack import Stack, stack_for
 
@@ -126,6 +127,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     box: Sandbox | None = None
     guest: dict[str, Any] | None = None
     before: dict[str, str | None] = {}
+    start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
     try:
         box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space)
         cleanup.own(box.netns)
@@ -141,7 +143,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             guest=guest["guest"],
             uid=uid,
             command=list(opts.command),
-            details={**opts.details, **({"label": opts.label} if opts.label else {})} or None,
+            details=start_details or None,
         )
         keep.mkdir(parents=True, exist_ok=True)
         try:
@@ -171,7 +173,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             quiet_since = time.time()  # nothing of the guest's runs any more
             if guest is not None and box is not None:
                 try:
-                    findings = _findings(stack, box, keep, before, spec_files(box))
+                    findings = _findings(stack, box, keep, before, set(box.bound))
                 except Exception as exc:  # a finding we cannot make must not keep the box
                     findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
             if guest is not None:
@@ -197,8 +199,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             )
         except Exception as exc:  # the claim check is a finding, never a reason to lose a run
             end["claims_error"] = f"{type(exc).__name__}: {exc}"
-    session_row = store.session(sid)
-    store.session_end(sid, exit_code, {**(session_row.details if session_row else {}), **end})
+    store.session_end(sid, exit_code, {**start_details, **end})
     report = build_report(store.session(sid), store.events(session=sid), counters)
     store.close()
     if opts.notify:
@@ -302,11 +303,6 @@ def _spec(
     )
 
 
-def spec_files(box: Sandbox) -> set[str]:
-    """Sandbox paths bwrap bound files onto (their empty mount points are not the agent's)."""
-    return set(box.bound)
-
-
 def _snapshot(stack: Stack, box: Sandbox) -> tuple[dict[str, str | None], dict[str, Any]]:
     """The drift snapshot, and the gateway's own answer (digest, expected digest)."""
     with stack.gateway.client() as ctl:
@@ -320,7 +316,7 @@ def _findings(
     box: Sandbox,
     keep: Path,
     before: dict[str, str | None],
-    mountpoints: set[str],
+    mountpoints: set[str],  # sandbox paths bwrap bound files onto: their mount points are ours
 ) -> dict[str, Any]:
     """After the command: drift (restoring a changed gateway), stray writes, privilege attempts."""
     assert box.space is not None
@@ -331,45 +327,29 @@ def _findings(
         if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
             # Changed from outside the gateway's own bookkeeping: restore and flag it.
             result.gateway_changed = True
-            result.items = [i for i in result.items if i.what != "gateway ruleset"]
-            result.items.insert(
-                0,
-                drift.DriftItem(
-                    "gateway ruleset",
-                    "changed",
-                    _ruleset_diff(before, after),
-                    gateway=True,
-                ),
-            )
+            if not any(i.what == "gateway ruleset" for i in result.items):
+                note = "(the ruleset differs from the one the gateway set)"
+                result.items.insert(0, drift.DriftItem("gateway ruleset", "changed", note, True))
             first = ctl.call("check")
             second = ctl.call("check")
             result.gateway_problems = list(first.get("problems", []))
             result.gateway_restored = not second.get("problems")
         else:
             # Other sessions' guests come and go on a shared gateway: not this agent's drift.
-            result.items = [i for i in result.items if not i.gateway or i.what != "gateway ruleset"]
+            result.items = [i for i in result.items if i.what != "gateway ruleset"]
     out["drift"] = result.as_json()
     log = privilege.PRIVILEGE_LOG
-    skip = mountpoints | {log}
+    changes = box.space.changes(mountpoints | {log})  # once: it hashes every file it lists
+    work_after = box.space.work_after()
     # Read now, while the session's disk exists; the claims are checked once events are in.
     out[FILE_FACTS] = evidence.file_facts(
-        box.workdir, box.space.work_before, box.space.stray_files(skip)
+        work_after, box.space.work_before, box.workdir, stray_files(changes)
     )
-    writes = box.space.collect(keep, skip)
-    out["writes"] = writes.as_json()
+    out["writes"] = box.space.collect(keep, changes, work_after).as_json()
     out["privilege"] = privilege.attempts(box.dir / "run" / log.removeprefix("/run/"))
-    changes = box.space.work_changes()
     out["work_changes"] = [
         {"path": c.path, "change": c.change, "size": c.entry.size, "sha256": c.entry.sha256}
-        for c in changes
-        if c.entry.kind == "file"
+        for c in compare(box.space.work_before, work_after or {})
+        if c.entry.kind == "file" and work_after is not None
     ]
     return out
-
-
-def _ruleset_diff(before: dict[str, str | None], after: dict[str, str | None]) -> str:
-    items = drift.diff(
-        {"gateway ruleset": before.get("gateway ruleset")},
-        {"gateway ruleset": after.get("gateway ruleset")},
-    )
-    return items[0].diff if items else "(the ruleset differs from the one the gateway set)"
