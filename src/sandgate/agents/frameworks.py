@@ -42,6 +42,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sandgate.agents.registry import PROMPT_FILE, task_marker
+from sandgate.sandbox.bwrap import SANDBOX_HOME, SANDBOX_WORK
+
 __all__ = [
     "AGENTS_ROOT",
     "ENDPOINTS",
@@ -67,9 +70,6 @@ __all__ = [
 
 AGENTS_ROOT = Path(os.environ.get("SANDGATE_AGENTS", "/opt/sandgate/agents"))
 PYTHON = "/usr/bin/python3"  # Debian's: the sandbox can run it (it sees /usr read-only)
-PROMPT_FILE = "/run/sandgate/prompt.txt"  # where a task's prompt appears (as the suite's)
-SANDBOX_HOME = "/home/agent"
-SANDBOX_WORK = "/work"
 STAMP = ".sandgate-installed"
 
 
@@ -364,11 +364,6 @@ def ensure_installed(name: str, *, quiet: bool = True) -> Path:
 # -- one task in a sandbox ----------------------------------------------------------------------
 
 
-def task_marker(task: str) -> str:
-    """What a task's prompt starts with (written by whoever writes the prompt file)."""
-    return f"[task {task}]"
-
-
 def marker(name: str, task: str) -> str:
     """The text the model server's script matches in the first user message: the framework's
     command puts ``[name]`` before the prompt file's text, which starts with the task marker."""
@@ -479,9 +474,9 @@ def run_options(
 
 
 def agent_spec(name: str, endpoint: str = "lan", *, explicit_proxy: bool = False) -> Any:
-    """The framework as a ``sandgate suite`` agent (``sandgate.agents.registry.AgentSpec``):
-    ``registry.register("hermes", lambda: frameworks.agent_spec("hermes"))``. The suite writes
-    the prompt file; its text must start with ``task_marker(task_id)`` for the scripted turns."""
+    """The framework as a ``sandgate suite`` agent (``sandgate.agents.registry.AgentSpec``;
+    the registry names it ``hermes``). ``tag_task`` makes the suite start each prompt with
+    ``task_marker(task_id)``, which the scripted turns match."""
     from sandgate.agents import registry
 
     if installed(name) is None:
@@ -490,13 +485,7 @@ def agent_spec(name: str, endpoint: str = "lan", *, explicit_proxy: bool = False
             f"{sys.executable} -m sandgate.agents.frameworks install {name}"
         )
     fw = get(name)
-    argv = agent_command(
-        name,
-        endpoint,
-        prompt_file=registry.PROMPT_FILE,
-        workdir=registry.PLACEHOLDERS["workdir"],
-        home=registry.PLACEHOLDERS["home"],
-    )
+    argv = agent_command(name, endpoint)
 
     def prepare(task: str, mode: str) -> dict[str, Any]:
         return {"framework": fw.package, "endpoint": ENDPOINTS[endpoint].base_url}

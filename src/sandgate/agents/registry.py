@@ -46,6 +46,12 @@ class AgentSpec:
     answer_after: str | None = None
 
 
+def task_marker(task: str) -> str:
+    """What a prompt starts with when the agent asks for it (``tag_task``): the test world's
+    model server replays that task's scripted turns (agents/frameworks.py)."""
+    return f"[task {task}]"
+
+
 def package_file(name: str) -> Path:
     return Path(str(resources.files("sandgate.agents").joinpath(name)))
 
@@ -78,10 +84,6 @@ BUILTIN: dict[str, Callable[[], AgentSpec]] = {"scripted": scripted, "hermes": h
 
 def builtin_names() -> list[str]:
     return sorted(BUILTIN)
-
-
-def register(name: str, factory: Callable[[], AgentSpec]) -> None:
-    BUILTIN[name] = factory
 
 
 def resolve(agent: str) -> AgentSpec:

@@ -41,6 +41,11 @@ def default_home() -> Path:
     return Path(os.environ.get("SANDGATE_HOME", "/var/lib/sandgate"))
 
 
+def home_of(store: str | Path | None) -> Path:
+    """The folder a store lives in (sessions' and suites' files go beside it)."""
+    return Path(store).parent if store else default_home()
+
+
 def default_path() -> Path:
     return default_home() / "events.db"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from sandgate import cleanup
 from sandgate.errors import SandgateError
-from sandgate.events.store import Store, default_home
+from sandgate.events.store import Store, home_of
 from sandgate.gateway.integrity import alarm
 from sandgate.policy.load import load_policy
 from sandgate.report.session import SessionReport, build_report
@@ -250,8 +250,7 @@ def _read_output(path: Path) -> str:
 
 def session_dir(sid: str, store: str | None = None) -> Path:
     """Where a session's kept files live: output, quarantine, work dir copy."""
-    home = Path(store).parent if store else default_home()
-    return home / "sessions" / sid
+    return home_of(store) / "sessions" / sid
 
 
 def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int) -> dict[str, Any]:

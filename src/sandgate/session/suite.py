@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandgate.agents.registry import PROMPT_FILE, AgentSpec
+from sandgate.agents.registry import PROMPT_FILE, AgentSpec, task_marker
 from sandgate.errors import SandgateError
-from sandgate.events.store import default_home
+from sandgate.events.store import home_of
 from sandgate.report.session import SessionReport
 from sandgate.sandbox.launch import preflight
 from sandgate.sandbox.workspace import WorkspaceSpec
@@ -153,7 +153,7 @@ def run_task(
     agent = opts.agent
     prompt = folder / f"{task.id}.txt"
     text = task.prompt.rstrip("\n") + "\n"
-    prompt.write_text(f"[task {task.id}] {text}" if agent.tag_task else text)
+    prompt.write_text(f"{task_marker(task.id)} {text}" if agent.tag_task else text)
     extra = agent.prepare(task.id, mode) if agent.prepare is not None else {}
     run_opts = RunOptions(
         command=list(agent.argv),
@@ -250,8 +250,7 @@ def _connections(report: SessionReport) -> dict[str, dict[str, int]]:
 
 
 def save(result: SuiteResult, store: str | None) -> Path:
-    home = Path(store).parent if store else default_home()
-    path = home / "suites" / f"{result.id}-{result.name}.json"
+    path = home_of(store) / "suites" / f"{result.id}-{result.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {
         "id": result.id,
