@@ -44,8 +44,6 @@ class ProcessHold:
         self.netns = netns
         self.report = report
         self.root_pid = root_pid
-        self.held = 0
-        self.found = 0
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # stop() wakes the worker at once
         self._thread: threading.Thread | None = None
@@ -103,8 +101,6 @@ class ProcessHold:
                 info = None
                 with contextlib.suppress(OSError):
                     info = finder.find(proto, pkt.sport, pkt.dst, pkt.dport, pkt.src)
-                self.held += 1
-                self.found += info is not None
                 # Reported before the packet goes on: the gateway's record of it comes after.
                 key: FlowKey = (self.guest, proto, pkt.sport, pkt.dst, pkt.dport)
                 self.report(key, pkt.uid, info.details() if info is not None else None)

@@ -166,12 +166,18 @@ def parse_tasks(text: bytes, source: Path) -> Suite:
         problems = [_problem(err, positions, name) for err in exc.errors()]
         problems += _missing_folders(raw, source, positions)
         raise TaskFileError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0))) from None
-    return _resolve(spec, source, positions)
+    return _resolve(spec, source, positions, _missing_folders(raw, source, positions))
 
 
-def _resolve(spec: TaskFile, source: Path, positions: dict[Any, Position]) -> Suite:
+def _resolve(
+    spec: TaskFile,
+    source: Path,
+    positions: dict[Any, Position],
+    problems: list[PolicyProblem],
+) -> Suite:
+    """Paths resolved, modes decided, the remaining cross-checks (``problems``: those found
+    already, such as missing fixture folders)."""
     base = source.parent
-    problems: list[PolicyProblem] = []
 
     def at(loc: tuple[str | int, ...], message: str, fix: str | None) -> None:
         pos = find(positions, loc)
@@ -192,12 +198,6 @@ def _resolve(spec: TaskFile, source: Path, positions: dict[Any, Position]) -> Su
             at(("task", i, "id"), f"task id {t.id!r} is used twice", "give each task its own id")
         seen.add(t.id)
         fixtures = fixtures_root / t.fixtures if t.fixtures else None
-        if fixtures is not None and not fixtures.is_dir():
-            at(
-                ("task", i, "fixtures"),
-                f"task {t.id}: fixtures folder {fixtures} does not exist",
-                f"create it, or fix the path (relative to {fixtures_root})",
-            )
         home = base / t.home if t.home else default_home
         if t.home and home is not None and not home.is_dir():
             at(("task", i, "home"), f"task {t.id}: home template {home} does not exist", None)
