@@ -139,14 +139,7 @@ def serve(sock: socket.socket, ctx: Ctx) -> None:
 def _one_request(
     client: _Peer, req: h11.Request, ctx: Ctx, upstream: _Upstream | None
 ) -> tuple[bool, _Upstream | None]:
-    rec = Record(
-        ctx.guest,
-        ctx.door,
-        ctx.client,
-        ctx.original_dst,
-        tls="inspected" if ctx.tls_name else "plain",
-        sni=ctx.tls_name,
-    )
+    rec = _record(ctx)
     rec.method = req.method.decode("latin-1")
     try:
         httphead.check_head(bytes(client.raw_head))
@@ -432,8 +425,9 @@ def _answer(client: _Peer, status: int, text: str, rec: Record, ctx: Ctx, log: b
         ctx.emit(rec.flow_key(), rec.event())
 
 
-def _refuse_protocol(client: _Peer, ctx: Ctx, status: int, text: str) -> None:
-    rec = Record(
+def _record(ctx: Ctx) -> Record:
+    """A new decision record for a request on this connection."""
+    return Record(
         ctx.guest,
         ctx.door,
         ctx.client,
@@ -441,6 +435,10 @@ def _refuse_protocol(client: _Peer, ctx: Ctx, status: int, text: str) -> None:
         tls="inspected" if ctx.tls_name else "plain",
         sni=ctx.tls_name,
     )
+
+
+def _refuse_protocol(client: _Peer, ctx: Ctx, status: int, text: str) -> None:
+    rec = _record(ctx)
     rec.decision = deny(Reason.PROTOCOL, text)
     # A refusal is the client's fault: always a 4xx (h11 suggests 501 for unknown codings).
     status = status if 400 <= status < 500 else 400
