@@ -607,7 +607,9 @@ def up(
         preflight()
         if policy is not None:
             load_policy(policy)  # a broken policy file stops here, before anything is built
-        stack = bring_up(name, world=world == "test", watchdog=interval, notify=notify)
+        stack = bring_up(
+            name, world=world == "test", watchdog=interval, notify=notify, policy=policy
+        )
     except SandgateError as exc:
         _fail(exc)
         return

@@ -345,9 +345,44 @@ CASES = [
             Want(1, 1, "version = 2 is not allowed", "use one of 1"),
             Want(3, 1, "gateway.guest_pool: '10.201.0.0/33' is not a network"),
             Want(4, 1, "'dns.google' is not an IP address of a DNS server"),
-            Want(5, 1, "sandgate routes IPv4 only"),
+            Want(5, 1, "uplink_subnet is not used", "delete this line"),
         ],
         id="gateway",
+    ),
+    pytest.param(
+        """\
+        [gateway]
+        guest_pool = "fd00::/64"
+        [profiles.coder]
+        """,
+        [Want(2, 1, "sandgate routes IPv4 only")],
+        id="gateway-pool-v6",
+    ),
+    pytest.param(
+        """\
+        [gateway]
+        guest_pool = "10.202.0.0/29"
+        [profiles.coder]
+        """,
+        [Want(2, 1, "has room for 2 /30s; each guest takes one", "10.201.0.0/16")],
+        id="gateway-pool-too-small",
+    ),
+    pytest.param(
+        """\
+        [gateway]
+        guest_pool = "10.202.0.0/16"
+        [profiles.coder]
+        allow = [
+          { cidr = "10.0.0.0/8" },
+          { host = "10.202.0.6", port = 8080 },
+          { cidr = "10.202.3.0/24" },
+        ]
+        """,
+        [
+            Want(6, 3, "names addresses in the guest pool 10.202.0.0/16", "move the pool"),
+            Want(7, 3, "names addresses in the guest pool"),
+        ],
+        id="gateway-pool-exempted",
     ),
 ]
 

@@ -51,6 +51,7 @@ class GatewayConfig:
     extra_ca: tuple[
         str, ...
     ] = ()  # CAs the proxy trusts upstream besides the system's (test world)
+    policy: str = ""  # the policy file whose [gateway] table this is (for messages)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

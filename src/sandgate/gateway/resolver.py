@@ -31,9 +31,9 @@ from sandgate.events.schema import Category, Event, FrozenDetails, Kind
 from sandgate.gateway import dnslogic
 from sandgate.gateway.attribution import FlowKey
 from sandgate.gateway.upstream import Upstream
-from sandgate.net.compile import PINNED_MAX_PORTS, GuestLink
-from sandgate.policy.decide import Attempt, Decision, Reason, allow, decide, decide_name
-from sandgate.policy.model import Mode, Protocol
+from sandgate.net.compile import GuestLink
+from sandgate.policy.decide import Decision, Reason, allow, decide_answer, decide_name
+from sandgate.policy.pins import pin_rules
 from sandgate.policy.profile import Profile
 
 CACHE_MAX = 50_000
@@ -44,7 +44,7 @@ TCP_IDLE = 10.0
 UDP_RCVBUF = 8 << 20
 DNS_CATEGORY = Category.DNS.value
 
-PinPorts = tuple[tuple[Protocol, int], ...] | None  # None: every port
+PinTags = tuple[str, ...]  # the pin sets (policy/pins.py) an answer's addresses join
 
 
 @dataclass
@@ -55,7 +55,7 @@ class GuestDNS:
     session: str | None
     profile: Profile
     profile_key: str
-    pinned: dict[tuple[str, PinPorts], float] = field(default_factory=dict)
+    pinned: dict[tuple[str, PinTags], float] = field(default_factory=dict)
     udp: Any = None
     tcp: Any = None
     address: str = field(init=False)  # the gateway's address on this guest's link
@@ -81,9 +81,8 @@ class _Entry:
     rcode: int
     addresses: tuple[str, ...] = ()
     ttl: int = 0
-    pin: PinPorts = None
+    pin: PinTags = ()  # the pin sets these addresses join at L3
     pins: bool = False  # the gateway must learn these addresses before the guest does
-    l3: bool = False  # allowlist: pin them into the guest's L3 sets
     inspect: bool = False  # an inspected name: send the guest's TLS to them to the proxy
     tail: bytes = field(init=False)  # the wire without the id
     hit: FrozenDetails | None = field(init=False, default=None)  # what answers from the cache log
@@ -105,8 +104,8 @@ class _Entry:
 
 
 Emit = Callable[[FlowKey, Event], None]
-# (guest, addresses, ttl, ports, pin at L3?, inspect?)
-Pin = Callable[[GuestDNS, tuple[str, ...], int, PinPorts, bool, bool], None]
+# (guest, addresses, ttl, pin sets, inspect?)
+Pin = Callable[[GuestDNS, tuple[str, ...], int, PinTags, bool], None]
 Reply = Callable[[bytes | None], None]  # the answer for the guest; None: no answer at all
 
 
@@ -272,10 +271,8 @@ class Resolver:
         profile = guest.profile
 
         def check(address: IPv4Address) -> str | None:
-            d = decide(profile, Attempt(Protocol.TCP, address, None, q.name))
-            if d.reason in (Reason.REBINDING, Reason.SPECIAL, Reason.LATERAL, Reason.RULE_DENY):
-                return Reason.REBINDING.key if d.reason is not Reason.RULE_DENY else d.key
-            return None
+            d = decide_answer(profile, q.name, address)
+            return None if d.allowed else d.key
 
         ans = dnslogic.judge_answer(q, upstream, check)
         if ans.refused is not None:
@@ -290,7 +287,7 @@ class Resolver:
                 addresses=(ans.refused_address or "",),
             )
         ttl = max(0, min(ans.ttl, TTL_CAP))
-        l3 = profile.mode is Mode.ALLOWLIST and decision.reason is Reason.RULE_ALLOW
+        pins = pin_rules(profile, q.name)
         inspect = profile.inspects(q.name)
         return _entry(
             ans.wire,
@@ -300,17 +297,16 @@ class Resolver:
             rcode=ans.rcode,
             addresses=ans.addresses,
             ttl=ans.ttl,
-            pins=(l3 or inspect) and bool(ans.addresses),
-            l3=l3,
+            pins=(bool(pins) or inspect) and bool(ans.addresses),
+            pin=tuple(p.tag for p in pins),
             inspect=inspect,
-            pin=_pin_ports(profile, q.name) if l3 else None,
         )
 
     def _ensure_pinned(self, guest: GuestDNS, entry: _Entry) -> None:
         now = time.monotonic()
         todo = tuple(a for a in entry.addresses if guest.pinned.get((a, entry.pin), 0) < now + 5)
         if todo:
-            self._pin(guest, todo, entry.ttl, entry.pin, entry.l3, entry.inspect)
+            self._pin(guest, todo, entry.ttl, entry.pin, entry.inspect)
             for a in todo:
                 guest.pinned[(a, entry.pin)] = now + max(entry.ttl, 60)
 
@@ -393,22 +389,6 @@ def _grow_rcvbuf(sock: Any) -> None:
             return
         except OSError:
             continue
-
-
-def _pin_ports(profile: Profile, name: str) -> PinPorts:
-    """Which ports the allow rules open for ``name`` (None: every port)."""
-    ports: set[tuple[Protocol, int]] = set()
-    for rule in profile.allow:
-        if rule.spec.pattern is None or not rule.spec.pattern.matches(name):
-            continue
-        if not rule.spec.ports:
-            return None
-        for proto in rule.spec.protocols & {Protocol.TCP, Protocol.UDP}:
-            for low, high in rule.spec.ports:
-                ports.update((proto, p) for p in range(low, high + 1))
-                if len(ports) > PINNED_MAX_PORTS:
-                    return None
-    return tuple(sorted(ports)) if ports else None
 
 
 def _entry(

@@ -150,15 +150,14 @@ class SelfCheck:
         gw = self.gw
         cmds, sites = guest_add(guest.link, guest.profile, gw.limits)
         with contextlib.suppress(SandgateError):
-            gw.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile.mode)))
+            gw.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile)))
         gw.nft.run(batch(*cmds))
         guest.sites = sites
         gw.sites.update(sites)
         # What the resolver pinned before the rules were lost, pinned again.
         repins: list[dict[str, Any]] = []
-        for (address, ports), _until in guest.dns.pinned.items():
-            if guest.profile.mode.value == "allowlist":
-                repins.append(pin_elements(guest.link, address, 300, ports, gw.limits))
+        for (address, tags), _until in guest.dns.pinned.items():
+            repins += pin_elements(guest.link, [address], 300, tags, gw.limits)
             if guest.profile.inspect:
                 repins.append(inspect_elements(guest.link, [address], 300, gw.limits))
         if repins:

@@ -34,7 +34,7 @@ from sandgate.gateway.prochold import ProcessHold
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
-from sandgate.gateway.resolver import GuestDNS, PinPorts, Resolver
+from sandgate.gateway.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.selfcheck import SelfCheck
 from sandgate.gateway.tlsgate import GateReader
 from sandgate.gateway.watchdog import Watchdog
@@ -57,7 +57,7 @@ from sandgate.net.compile import (
 from sandgate.net.nflog import NflogPacket, NflogSocket
 from sandgate.net.nft import Nft, batch
 from sandgate.policy.decide import Attempt, decide
-from sandgate.policy.load import load_policy
+from sandgate.policy.load import Policy, load_policy
 from sandgate.policy.model import Mode, Protocol
 from sandgate.policy.profile import Profile
 
@@ -236,8 +236,26 @@ class Gateway:
                 extra_deny=msg.get("deny", ()),
                 public_override=self.public_override,
                 gateway_address=link.gateway,
+                guest_pool=self.pool,
             ),
         )
+
+    def _check_wiring(self, policy: Policy) -> None:
+        """A guest's policy that asks for another wiring than this gateway's is refused: the
+        daemon reads ``[gateway]`` once, at start (session/stack.py), and uses only that."""
+        spec = policy.file.gateway
+        given = spec.model_fields_set
+        mine = {"guest_pool": str(self.pool), "upstream_dns": list(self.cfg.upstream_dns)}
+        theirs = {"guest_pool": str(spec.pool), "upstream_dns": spec.upstream_dns}
+        for key in sorted(given & mine.keys()):
+            if theirs[key] != mine[key]:
+                raise policy.gateway_problem(
+                    key,
+                    f"{key} = {theirs[key]} differs from the running gateway "
+                    f"'{self.cfg.instance}' ({mine[key]}, from {self.cfg.policy or 'its start'})",
+                    f"stop it (sandgate down --instance {self.cfg.instance}) and start it with "
+                    "this policy (sandgate up --policy FILE), or drop the key",
+                )
 
     # -- restarts, the canary, reloads ---------------------------------------------------------
 
@@ -301,7 +319,7 @@ class Gateway:
         for guest, profile in changed:
             cmds, sites = guest_add(guest.link, profile, self.limits)
             self.nft.run(
-                batch(*guest_remove(guest.link, guest.sites.values(), guest.profile.mode), *cmds)
+                batch(*guest_remove(guest.link, guest.sites.values(), guest.profile), *cmds)
             )
             guest.profile, guest.sites = profile, sites
             self.sites.update(sites)
@@ -380,6 +398,7 @@ class Gateway:
                 )
             link = GuestLink.from_pool(self.pool, index, guest_mac(index))
             policy = load_policy(msg.get("policy"))
+            self._check_wiring(policy)
             profile = self._profile_for(msg, policy, link)
             netns = msg["netns"]
             ns.check_ours(netns)
@@ -400,7 +419,7 @@ class Gateway:
                 cmds, sites = guest_add(link, profile, self.limits)
                 self.nft.run(batch(*cmds))
                 undo.append(
-                    lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile.mode)))
+                    lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile)))
                 )
                 key = "|".join(
                     map(
@@ -464,7 +483,7 @@ class Gateway:
                 details={
                     "joined": True,
                     "profile": profile.name,
-                    "mode": str(profile.mode),
+                    "mode": str(profile),
                     "address": str(link.guest),
                 },
             )
@@ -475,9 +494,10 @@ class Gateway:
             "address": str(link.guest),
             "gateway": str(link.gateway),
             "profile": profile.name,
-            "mode": str(profile.mode),
+            "mode": str(profile),
             "policy": policy.source,
             "proxy": f"http://{link.gateway}:{EXPLICIT_PORT}",
+            "guest_pool": str(self.pool),
             "ca": self.proxy.ca_cert_pem().decode(),
             "secrets": sandbox_view(secrets),
             "model_hosts": profile.model_hosts(),
@@ -518,9 +538,7 @@ class Gateway:
                 )
             t.mark("proxy")
             with contextlib.suppress(SandgateError):
-                self.nft.run(
-                    batch(*guest_remove(guest.link, guest.sites.values(), guest.profile.mode))
-                )
+                self.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile)))
             t.mark("rules")
             self._forget_inspected(guest.link.ifname)
             del self.guests[name]
@@ -720,17 +738,12 @@ class Gateway:
         )
 
     def _pin(
-        self,
-        dns: GuestDNS,
-        addresses: tuple[str, ...],
-        ttl: int,
-        ports: PinPorts,
-        l3: bool,
-        inspect: bool,
+        self, dns: GuestDNS, addresses: tuple[str, ...], ttl: int, tags: PinTags, inspect: bool
     ) -> None:
-        """Before the guest hears an answer: pin its addresses (allowlist), and send TLS to
-        them through the proxy when the name is inspected. One transaction."""
-        cmds = [pin_elements(dns.link, a, ttl, ports, self.limits) for a in addresses] if l3 else []
+        """Before the guest hears an answer: put its addresses into the pin sets the policy
+        names (policy/pins.py), and send TLS to them through the proxy when the name is
+        inspected. One transaction."""
+        cmds = pin_elements(dns.link, addresses, ttl, tags, self.limits)
         if inspect:
             cmds.append(inspect_elements(dns.link, addresses, ttl, self.limits))
         if cmds:
@@ -843,7 +856,7 @@ class Gateway:
                         "address": str(g.link.guest),
                         "session": g.session,
                         "profile": g.profile.name,
-                        "mode": str(g.profile.mode),
+                        "mode": str(g.profile),
                         "uid": g.uid,
                     }
                     for n, g in self.guests.items()

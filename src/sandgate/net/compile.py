@@ -3,9 +3,13 @@
 The forward chain of each guest follows ``decide()`` step by step (see policy/decide.py), so
 the kernel reaches the same verdict ``decide()`` does for every address-level attempt:
 
-    deny rules → other guests (lateral) → allow rules (a special block only if the rule names
-    it or a part of it) → special-purpose ranges → QUIC, DNS-over-TLS → the mode
-    (open: accept; allowlist: addresses its allowed names resolved to; locked: drop)
+    deny rules → other guests (lateral) → port-scoped deny rules of names the guest resolved
+    (pin sets) → allow rules (a special block only if the rule names it or a part of it) →
+    special-purpose ranges → QUIC, DNS-over-TLS → the mode (open: accept; allowlist: addresses
+    its allowed names resolved to, on those rules' ports; locked: drop)
+
+Which special blocks a rule may open, and which sets an answered name's addresses join, are
+the policy's to say (policy/exemptions.py, policy/pins.py); this module only writes them down.
 
 DNS to any server is redirected to the gateway's own resolver before routing (prerouting), and
 the gateway's own ports are closed but for that resolver (input). A netdev ingress chain on each
@@ -24,9 +28,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandgate.policy.classify import BLOCKS, special_networks
 from sandgate.policy.decide import GATEWAY_PROXY_PORTS, Reason
+from sandgate.policy.exemptions import inner_special, is_exemption, special4
 from sandgate.policy.model import IPNetwork, Mode, Protocol
+from sandgate.policy.pins import PinRule, pinned_rules
 from sandgate.policy.profile import Profile, Rule
 
 Json = dict[str, Any]
@@ -35,7 +40,6 @@ TABLE = "sandgate"
 GROUP_DROP = 1  # NFLOG group for drops in the gateway namespace
 GROUP_ACCEPT = 2  # accepted new flows
 GROUP_GUEST = 3  # in each guest namespace: new outbound flows with the sending uid
-PINNED_MAX_PORTS = 256  # port-scoped allowlist rules with wider ranges pin the address only
 # The proxy's ports on each guest's gateway address (decide() allows exactly these).
 PROXY_PORTS = GATEWAY_PROXY_PORTS
 PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT = PROXY_PORTS
@@ -265,14 +269,9 @@ def guest_add(
     fwd, inp = f"fwd_{g}", f"in_{g}"
     b.add("chain", name=fwd)
     b.add("chain", name=inp)
-    if profile.mode is Mode.ALLOWLIST:
-        b.add("set", name=f"pin_{g}", type="ipv4_addr", flags=["timeout"])
-        b.add(
-            "set",
-            name=f"pinp_{g}",
-            type=["ipv4_addr", "inet_proto", "inet_service"],
-            flags=["timeout"],
-        )
+    pins = pinned_rules(profile)
+    for pin in pins:
+        b.add("set", name=pin_set(g, pin.tag), type="ipv4_addr", flags=["timeout"])
 
     for rule in profile.deny:
         if rule.spec.network is not None and rule.spec.network.version == 4:
@@ -282,17 +281,21 @@ def guest_add(
         _match(_payload("ip", "daddr"), _prefix(profile.guest_pool)),
         b.site(fwd, g, "deny", Reason.LATERAL.key),
     )
+    # Addresses the guest learnt under a name that a port-scoped deny rule speaks to.
+    for pin in pins:
+        if pin.action == "deny":
+            b.rule(fwd, *_pin_match(g, pin), b.site(fwd, g, "deny", Reason.RULE_DENY.key, pin.rule))
     for rule in profile.allow:
         net = rule.spec.network
         if net is None or net.version != 4:
             continue
-        inner = _inner_special(net, profile.public_override)
+        inner = inner_special(net, profile.public_override)
         exclude = (
             [_match(_payload("ip", "daddr"), {"set": _prefixes(inner)}, op="!=")] if inner else []
         )
         reason = (
             Reason.EXEMPT.key
-            if _is_exemption(net, profile.public_override)
+            if is_exemption(net, profile.public_override)
             else Reason.RULE_ALLOW.key
         )
         b.rule(fwd, *_rule_match(rule), *exclude, b.site(fwd, g, "allow", reason, rule))
@@ -314,10 +317,10 @@ def guest_add(
     if profile.mode is Mode.OPEN:
         b.rule(fwd, b.site(fwd, g, "allow", Reason.OPEN.key))
     elif profile.mode is Mode.ALLOWLIST:
-        pinned = b.site(fwd, g, "allow", Reason.PINNED.key)
-        b.rule(fwd, _match(_payload("ip", "daddr"), f"@pin_{g}"), pinned)
-        key = {"concat": [_payload("ip", "daddr"), _meta("l4proto"), _payload("th", "dport")]}
-        b.rule(fwd, _match(key, f"@pinp_{g}"), pinned)
+        for pin in pins:
+            if pin.action == "allow":
+                site = b.site(fwd, g, "allow", Reason.PINNED.key, pin.rule)
+                b.rule(fwd, *_pin_match(g, pin), site)
         b.rule(fwd, b.site(fwd, g, "deny", Reason.NOT_ALLOWLISTED.key))
     else:
         b.rule(fwd, b.site(fwd, g, "deny", Reason.LOCKED.key))
@@ -381,7 +384,7 @@ def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[st
     return b.cmds, b.sites
 
 
-def guest_remove(link: GuestLink, sites: Iterable[Site], mode: Mode) -> list[Json]:
+def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> list[Json]:
     """Commands that remove everything ``guest_add`` made for this guest (one batch)."""
     g = link.ifname
     cmds: list[Json] = [
@@ -400,11 +403,10 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], mode: Mode) -> list[Jso
         cmds += [{"delete": {"chain": {"family": fam, "table": TABLE, "name": n}}} for n in names]
     for fam, names in counters.items():
         cmds += [{"delete": {"counter": {"family": fam, "table": TABLE, "name": n}}} for n in names]
-    if mode is Mode.ALLOWLIST:
-        cmds += [
-            {"delete": {"set": {"family": "inet", "table": TABLE, "name": f"{s}_{g}"}}}
-            for s in ("pin", "pinp")
-        ]
+    cmds += [
+        {"delete": {"set": {"family": "inet", "table": TABLE, "name": pin_set(g, p.tag)}}}
+        for p in pinned_rules(profile)
+    ]
     return cmds
 
 
@@ -467,90 +469,42 @@ def guest_uid_log() -> list[Json]:
     ]
 
 
+def pin_set(guest: str, tag: str) -> str:
+    """The name of one domain rule's pin set for one guest (policy/pins.py)."""
+    return f"pin_{guest}_{tag}"
+
+
 def pin_elements(
     link: GuestLink,
-    address: str,
+    addresses: Iterable[str],
     ttl: int,
-    ports: Iterable[tuple[Protocol, int]] | None,
+    tags: Iterable[str],
     limits: Limits = Limits(),
-) -> Json:
-    """Pin an allowlisted address (any port, or given protocol/ports), timing out with its TTL."""
+) -> list[Json]:
+    """Add addresses to the pin sets named by ``tags``, timing out with their TTL."""
     timeout = max(limits.pin_timeout_min, min(ttl, limits.pin_timeout_max))
-    if ports is None:
-        return {
+    elems = [{"elem": {"val": a, "timeout": timeout}} for a in addresses]
+    return [
+        {
             "add": {
                 "element": {
                     "family": "inet",
                     "table": TABLE,
-                    "name": f"pin_{link.ifname}",
-                    "elem": [{"elem": {"val": address, "timeout": timeout}}],
+                    "name": pin_set(link.ifname, tag),
+                    "elem": elems,
                 }
             }
         }
-    elems = [
-        {"elem": {"val": {"concat": [address, proto.value, port]}, "timeout": timeout}}
-        for proto, port in ports
+        for tag in tags
     ]
-    return {
-        "add": {
-            "element": {
-                "family": "inet",
-                "table": TABLE,
-                "name": f"pinp_{link.ifname}",
-                "elem": elems,
-            }
-        }
-    }
 
 
-def special4(public_override: Iterable[IPNetwork] = ()) -> list[ipaddress.IPv4Network]:
-    """The IPv4 special-purpose space, minus what the test world declares public."""
-    nets = [n for n in special_networks(4) if isinstance(n, ipaddress.IPv4Network)]
-    return _subtract(nets, [o for o in public_override if isinstance(o, ipaddress.IPv4Network)])
-
-
-def _subtract(
-    nets: list[ipaddress.IPv4Network], holes: list[ipaddress.IPv4Network]
-) -> list[ipaddress.IPv4Network]:
-    for hole in holes:
-        out: list[ipaddress.IPv4Network] = []
-        for net in nets:
-            if hole.subnet_of(net):
-                out += list(net.address_exclude(hole))
-            elif not net.subnet_of(hole):
-                out.append(net)
-        nets = out
-    return sorted(ipaddress.collapse_addresses(nets))
-
-
-def _inner_special(
-    net: IPNetwork, public_override: Iterable[IPNetwork]
-) -> list[ipaddress.IPv4Network]:
-    """Special blocks strictly inside ``net``: a rule for ``net`` must not open them.
-
-    Blocks are nested or disjoint (they are CIDRs), so an address in ``net`` is exempted by the
-    rule exactly when its most specific block is not strictly inside ``net`` — as decide() does.
-    """
-    inner = [
-        blk.network
-        for blk in BLOCKS
-        if isinstance(blk.network, ipaddress.IPv4Network)
-        and isinstance(net, ipaddress.IPv4Network)
-        and blk.network != net
-        and blk.network.subnet_of(net)
+def _pin_match(guest: str, pin: PinRule) -> list[Json]:
+    """An address in the rule's pin set, on the rule's own ports and protocols."""
+    return [
+        _match(_payload("ip", "daddr"), "@" + pin_set(guest, pin.tag)),
+        *_scope_match(pin.rule),
     ]
-    overrides = [o for o in public_override if isinstance(o, ipaddress.IPv4Network)]
-    return _subtract(sorted(ipaddress.collapse_addresses(inner)), overrides) if inner else []
-
-
-def _is_exemption(net: IPNetwork, public_override: Iterable[IPNetwork] = ()) -> bool:
-    """Does an allow rule for ``net`` lift a special-purpose block (as decide() says)?"""
-    if any(net.version == o.version and net.subnet_of(o) for o in public_override):  # type: ignore[arg-type]
-        return False  # the test world's "internet": public there
-    return any(
-        blk.network.version == net.version and net.subnet_of(blk.network)  # type: ignore[arg-type]
-        for blk in BLOCKS
-    )
 
 
 def _rule_match(rule: Rule) -> list[Json]:
@@ -558,6 +512,13 @@ def _rule_match(rule: Rule) -> list[Json]:
     out: list[Json] = []
     if spec.network is not None:
         out.append(_match(_payload("ip", "daddr"), _prefix(spec.network)))
+    return out + _scope_match(rule)
+
+
+def _scope_match(rule: Rule) -> list[Json]:
+    """The rule's ports and protocols (nothing when it speaks to every port and protocol)."""
+    spec = rule.spec
+    out: list[Json] = []
     protos = sorted(p.value for p in spec.protocols)
     if spec.ports:
         out.append(_match(_meta("l4proto"), {"set": [p for p in protos if p != "icmp"]}))

@@ -45,6 +45,7 @@ class Reason(enum.Enum):
     EXEMPT = ("allow.exempt", "special-purpose address exempted by an allow rule")
     PINNED = ("allow.pinned", "address an allowed name resolved to")
     GATEWAY_DNS = ("allow.gateway_dns", "the guest's own gateway resolver")
+    ANSWER = ("allow.answer", "the name may resolve to this address")
     RULE_DENY = ("deny.rule", "a deny rule matches")
     SPECIAL = ("deny.special", "private or special-purpose address")
     DNS_REDIRECT = ("deny.dns_redirect", "DNS goes to the gateway resolver only")
@@ -162,6 +163,35 @@ def decide_name(profile: Profile, name: str) -> Decision:
     return decide(profile, Attempt(Protocol.UDP, None, None, name))
 
 
+_REFUSED_ANSWERS = (Reason.SPECIAL, Reason.REBINDING, Reason.LATERAL, Reason.GATEWAY_PORT)
+
+
+def decide_answer(profile: Profile, name: str, address: IPAddress) -> Decision:
+    """May an upstream answer tell the guest that ``name`` is at ``address``?
+
+    Judged as a lookup, not a connection: no port is known yet, so only what holds on every
+    port refuses the answer: a deny rule for the whole name or address, or an address no
+    attempt of any protocol may reach because it is special-purpose (rebinding), another
+    guest or the gateway. A port-scoped deny rule (``gist.github.com`` port 22) lets the name
+    resolve; its port is refused at L3 through the name's pin set (policy/pins.py).
+    """
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    for rule in profile.deny:
+        if rule.whole and (
+            rule.matches_address(address, None, Protocol.TCP) or rule.matches_lookup(name)
+        ):
+            return deny(Reason.RULE_DENY, f"{rule.ref} ({rule.label})", rule)
+    refusals = []
+    for proto in Protocol:
+        d = _judge_address(profile, Attempt(proto, address, None, name), address)
+        if d is None or d.allowed or d.reason not in _REFUSED_ANSWERS:
+            return allow(Reason.ANSWER, detail=f"{name} → {address}")
+        refusals.append(d)
+    first = refusals[0]
+    return deny(Reason.REBINDING, first.detail, classification=first.classification)
+
+
 def _rule_matches(rule: Rule, attempt: Attempt, address: IPAddress | None) -> bool:
     if address is not None and rule.matches_address(address, attempt.port, attempt.protocol):
         return True
@@ -274,6 +304,7 @@ __all__ = [
     "Verdict",
     "allow",
     "decide",
+    "decide_answer",
     "decide_name",
     "deny",
 ]

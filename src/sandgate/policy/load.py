@@ -9,7 +9,6 @@ default apply.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import re
 import tomllib
 from collections.abc import Iterable, Sequence
@@ -40,6 +39,14 @@ from sandgate.policy.profile import Front, Profile, Rule, inspect_patterns, rule
 BUILTIN = "<built-in default>"
 # Keys that only sandgate's own test world may set. Refused in files, with a reason.
 _WORLD_ONLY = {"public_override", "test_internet"}
+# Keys that once existed and mean nothing now: refused with what to do instead.
+_RETIRED = {
+    ("gateway", "uplink_subnet"): (
+        "uplink_subnet is not used: the real uplink goes through pasta, which gives the "
+        "gateway the host's own address",
+        "delete this line",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,12 @@ class Policy:
         extra_deny: Sequence[str] = (),
         public_override: tuple[IPNetwork, ...] = (),
         gateway_address: IPAddress | None = None,
+        guest_pool: IPNetwork | None = None,
     ) -> Profile:
-        """The effective profile for one guest, with the run's overrides applied."""
+        """The effective profile for one guest, with the run's overrides applied.
+
+        ``guest_pool`` is the running gateway's (the daemon passes its own); without one, the
+        file's ``[gateway] guest_pool``, which the daemon was started with (session/stack.py)."""
         chosen = name or self.default_profile()
         spec = self.file.profiles.get(chosen)
         if spec is None:
@@ -118,7 +129,7 @@ class Policy:
             inspect=inspect_patterns(spec.inspect),
             secrets=tuple(spec.secret),
             public_override=public_override,
-            guest_pool=ipaddress.ip_network(self.file.gateway.guest_pool),
+            guest_pool=guest_pool or self.file.gateway.pool,
             gateway_address=gateway_address,
             fronts=tuple(Front(f.name, *front_upstream(f.upstream)) for f in spec.front),
             tunnel_idle=spec.tunnels.idle_seconds,
@@ -127,6 +138,11 @@ class Policy:
         )
         self._check_fronts(chosen, profile)
         return profile
+
+    def gateway_problem(self, key: str, message: str, fix: str) -> PolicyError:
+        """An error about a key of ``[gateway]``, located at that key (or the table)."""
+        pos = find(self.positions, ("gateway", key))
+        return PolicyError([_located(self.source, pos, message, fix)])
 
     def _check_fronts(self, name: str, profile: Profile) -> None:
         """A front may only lead where the profile's own rules already allow."""
@@ -217,9 +233,28 @@ def parse_policy(text: bytes, source: str) -> Policy:
         allow = rules_from_specs("allow", spec.allow, f"{name}.allow")
         deny = rules_from_specs("deny", spec.deny, f"{name}.deny")
         problems += check_rules(allow, deny, policy._where)
+        problems += _pool_rules(allow, file.gateway.pool, policy._where)
     if problems:
         raise PolicyError(problems)
     return policy
+
+
+def _pool_rules(allow: Sequence[Rule], pool: IPNetwork, where: Any) -> list[PolicyProblem]:
+    """Allow rules that name addresses inside the guest pool: guests never reach each other.
+
+    A rule *covering* the pool (``10.0.0.0/8``) is fine; one inside it would name a guest."""
+    return [
+        _at(
+            where(rule.ref),
+            f"{rule} names addresses in the guest pool {pool}; guests never reach each other "
+            "or their gateway's other ports",
+            "remove the rule, or move the pool with guest_pool under [gateway]",
+        )
+        for rule in allow
+        if (net := rule.spec.network) is not None
+        and net.version == pool.version
+        and net.subnet_of(pool)  # type: ignore[arg-type]
+    ]
 
 
 def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list[PolicyProblem]:
@@ -371,6 +406,8 @@ def _problem_from_pydantic(err: Any, positions: dict[Any, Position], source: str
     loc: tuple[str | int, ...] = tuple(err["loc"]) or _MODEL_ERROR_LOC.get(kind, ())
     pos = find(positions, loc)
     where = ".".join(str(p) for p in loc if not _is_type_tag(p))
+    if kind == "extra_forbidden" and loc in _RETIRED:
+        return _located(source, pos, *_RETIRED[loc])
     if kind == "extra_forbidden":
         key = str(loc[-1])
         known = _known_keys(loc[:-1])
@@ -420,6 +457,8 @@ def _fix_for(loc: tuple[str | int, ...]) -> str | None:
         )
     if "secret" in keys:
         return 'e.g. value = "env:OPENAI_API_KEY" or value = "file:/run/secrets/openai"'
+    if "guest_pool" in keys:
+        return 'an IPv4 network outside every network you use, e.g. guest_pool = "10.201.0.0/16"'
     if "default_profile" in keys:
         return "name one of the [profiles.NAME] tables, or drop default_profile"
     if "profiles" in keys and len(loc) == 1:

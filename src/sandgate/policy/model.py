@@ -310,15 +310,30 @@ class ProfileSpec(_Strict):
         return v
 
 
+DEFAULT_GUEST_POOL = "10.201.0.0/16"
+GUEST_POOL_MAX_PREFIX = 28  # room for three guests' /30s and the watchdog's canary
+
+
 class GatewaySpec(_Strict):
-    """How the gateway is wired on this host (ignored by the test world, which wires its own)."""
+    """How the gateway is wired: the daemon is started with exactly these (session/stack.py).
+
+    Every key is used; a key the daemon would not use is an error, not silence.
+    """
 
     upstream_dns: list[str] = Field(
-        default_factory=list, description="resolvers the gateway asks; default: the host's"
+        default_factory=list,
+        description="resolvers the gateway asks; default: the host's (the test world's own)",
     )
-    guest_pool: str = "10.201.0.0/16"
-    uplink_subnet: str = "100.127.255.248/30"
+    guest_pool: str = Field(
+        default=DEFAULT_GUEST_POOL, description="one /30 per guest is taken from here"
+    )
     default_profile: str | None = None
+
+    @cached_property
+    def pool(self) -> ipaddress.IPv4Network:
+        net = _cidr_network(self.guest_pool)
+        assert isinstance(net, ipaddress.IPv4Network)  # the validator allows IPv4 only
+        return net
 
     @field_validator("upstream_dns")
     @classmethod
@@ -330,12 +345,17 @@ class GatewaySpec(_Strict):
                 raise ValueError(f"{item!r} is not an IP address of a DNS server") from exc
         return v
 
-    @field_validator("guest_pool", "uplink_subnet")
+    @field_validator("guest_pool")
     @classmethod
     def _network(cls, v: str) -> str:
         net = _cidr_network(v)
         if net.version != 4:
             raise ValueError("sandgate routes IPv4 only; give an IPv4 network")
+        if net.prefixlen > GUEST_POOL_MAX_PREFIX:
+            raise ValueError(
+                f"{v} has room for {net.num_addresses // 4} /30s; each guest takes one and the "
+                f"watchdog's canary the last: give at least a /{GUEST_POOL_MAX_PREFIX}"
+            )
         return v
 
 

@@ -39,6 +39,11 @@ class Rule:
     def __str__(self) -> str:
         return f"{self.ref} ({self.label})"
 
+    @property
+    def whole(self) -> bool:
+        """Every port and protocol: a domain deny rule that refuses the name itself."""
+        return not self.spec.ports and self.spec.protocols == ALL_PROTOCOLS
+
     def _port_ok(self, port: int | None, protocol: Protocol) -> bool:
         if protocol not in self.spec.protocols:
             return False
@@ -72,8 +77,7 @@ class Rule:
         pattern = self.spec.pattern
         if pattern is None or not pattern.matches(name):
             return False
-        whole = not self.spec.ports and self.spec.protocols == ALL_PROTOCOLS
-        return self.action == "allow" or whole
+        return self.action == "allow" or self.whole
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def prove(opts: ProveOptions) -> ProveResult:
     preflight()
     if opts.policy is not None or opts.world is None:
         load_policy(opts.policy)
-    with signals_raise(), stack_for(opts.world, opts.instance, opts.store) as stack:
+    with signals_raise(), stack_for(opts.world, opts.instance, opts.store, opts.policy) as stack:
         return prove_on(stack, opts)
 
 
@@ -107,6 +107,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 mode=Mode(opts.mode) if opts.mode else None,
                 public_override=tuple(_networks(world.public_override)) if world else (),
                 gateway_address=_ip(guest["gateway"]),
+                guest_pool=_networks((guest["guest_pool"],))[0],
             )
             secrets = guest.get("secrets") or {}
             placeholder = next((s["placeholder"] for s in secrets.values()), None)

@@ -111,7 +111,7 @@ def run(opts: RunOptions) -> RunResult:
     # Validate the policy before anything is built: a broken file changes nothing.
     if opts.policy is not None or opts.world is None:
         load_policy(opts.policy)
-    with signals_raise(), stack_for(opts.world, opts.instance, opts.store) as stack:
+    with signals_raise(), stack_for(opts.world, opts.instance, opts.store, opts.policy) as stack:
         return run_in(stack, opts)
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import secrets
 import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ from sandgate.errors import SandgateError
 from sandgate.gateway import manage
 from sandgate.gateway.config import GatewayConfig, Uplink, run_dir
 from sandgate.gateway.manage import GatewayHandle
-from sandgate.policy.load import load_policy
+from sandgate.policy.load import Policy, load_policy
 from sandgate.world.topology import TestWorld, WorldInfo
 
 
@@ -65,9 +67,13 @@ def bring_up(
     world: bool,
     store: str | None = None,
     extra_env: dict[str, str] | None = None,
+    policy: str | None = None,
     **gateway_extra: Any,
 ) -> Stack:
-    """Start a gateway (and a test world for it). The caller must ``teardown()``."""
+    """Start a gateway (and a test world for it). The caller must ``teardown()``.
+
+    The gateway is wired as ``policy``'s ``[gateway]`` table says (the test world's own policy,
+    or the built-in one, when none is named)."""
     name = instance or ("r" + secrets.token_hex(2))
     if manage.find(name) is not None:
         raise SandgateError(
@@ -80,7 +86,7 @@ def bring_up(
     handle: GatewayHandle | None = None
     try:
         info = tw.up() if tw is not None else None
-        config = gateway_config(name, info, store, **gateway_extra)
+        config = gateway_config(name, info, store, gateway_policy(policy, info), **gateway_extra)
         env = {**(info.gateway_env if info is not None else {}), **(extra_env or {})}
         handle = manage.start(config, env=env)
         if info is not None:
@@ -111,9 +117,14 @@ def find_stack(instance: str) -> Stack | None:
 
 @contextlib.contextmanager
 def stack_for(
-    world: str | None, instance: str | None = None, store: str | None = None
+    world: str | None,
+    instance: str | None = None,
+    store: str | None = None,
+    policy: str | None = None,
 ) -> Iterator[Stack]:
-    """The instance's running gateway, or one of our own for the duration of the block."""
+    """The instance's running gateway, or one of our own for the duration of the block
+    (wired as ``policy``'s ``[gateway]`` says; a running gateway refuses a guest whose policy
+    asks for another wiring)."""
     name = instance or ("test" if world == "test" else "main")
     running = find_stack(name)
     if running is not None:
@@ -126,34 +137,91 @@ def stack_for(
         return
     if instance is not None:
         raise SandgateError(f"no gateway '{instance}' is running", "start it with `sandgate up`")
-    stack = bring_up(world=world == "test", store=store)
+    stack = bring_up(world=world == "test", store=store, policy=policy)
     try:
         yield stack
     finally:
         stack.teardown()
 
 
+def gateway_policy(path: str | None, info: WorldInfo | None) -> Policy:
+    """The policy whose ``[gateway]`` wires a new gateway: the named one, else the test
+    world's own, else the built-in default."""
+    if path is not None:
+        return load_policy(path)
+    return load_policy(info.policy if info is not None else None)
+
+
 def gateway_config(
-    instance: str, info: WorldInfo | None, store: str | None, **extra: Any
+    instance: str, info: WorldInfo | None, store: str | None, policy: Policy, **extra: Any
 ) -> GatewayConfig:
+    """The daemon's whole configuration: the uplink, and ``[gateway]`` of ``policy``, read once."""
+    spec = policy.file.gateway
+    uplink = info.uplink if info is not None else Uplink(kind="pasta")
+    taken = uplink_networks(info)
+    clash = next((n for n in taken if n.overlaps(spec.pool)), None)
+    if clash is not None:
+        raise policy.gateway_problem(
+            "guest_pool",
+            f"guest_pool {spec.pool} overlaps the uplink's network {clash}",
+            "choose a guest_pool outside every network the gateway reaches, e.g. 10.201.0.0/16",
+        )
+    upstream = tuple(spec.upstream_dns)
     if info is not None:
         return GatewayConfig(
             instance=instance,
-            uplink=info.uplink,
-            upstream_dns=info.upstream_dns,
+            uplink=uplink,
+            guest_pool=str(spec.pool),
+            upstream_dns=upstream or info.upstream_dns,
             public_override=info.public_override,
             store=store or "",
             extra_ca=(str(info.ca_cert),),
+            policy=policy.source,
             **extra,
         )
-    spec = load_policy(None).file.gateway
     return GatewayConfig(
         instance=instance,
-        uplink=Uplink(kind="pasta"),
-        upstream_dns=tuple(spec.upstream_dns) or host_resolvers(),
+        uplink=uplink,
+        guest_pool=str(spec.pool),
+        upstream_dns=upstream or host_resolvers(),
         store=store or "",
+        policy=policy.source,
         **extra,
     )
+
+
+def uplink_networks(info: WorldInfo | None) -> list[ipaddress.IPv4Network]:
+    """The networks the gateway's uplink leads to: the test world's LAN and "internet", or the
+    host's own IPv4 networks (pasta gives the gateway the host's address)."""
+    if info is not None:
+        nets = [
+            ipaddress.ip_interface(info.uplink.address).network,
+            *map(ipaddress.ip_network, info.public_override),
+        ]
+    else:
+        nets = [ipaddress.ip_interface(a).network for a in host_addresses()]
+    return [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+
+
+def host_addresses() -> list[str]:
+    """The host's IPv4 addresses with their prefix, loopback aside (read only)."""
+    try:
+        out = subprocess.run(
+            ["ip", "-j", "-4", "addr", "show"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout
+        links = json.loads(out or "[]")
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return []
+    return [
+        f"{a['local']}/{a['prefixlen']}"
+        for link in links
+        for a in link.get("addr_info", [])
+        if a.get("family") == "inet" and not str(a.get("local", "")).startswith("127.")
+    ]
 
 
 def host_resolvers() -> tuple[str, ...]:

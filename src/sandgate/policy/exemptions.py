@@ -1,0 +1,65 @@
+"""Which special-purpose space an allow rule opens, as networks the compiler can write down.
+
+``decide()`` lifts a special-purpose block for an address only when an allow rule's network
+lies inside the address's most specific block (policy/decide.py, ``_exempts``). Blocks are
+nested or disjoint (they are CIDRs), so for the kernel that is: the rule's network minus the
+special blocks strictly inside it. The test world's "internet" (``public_override``) is public.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+from sandgate.policy.classify import BLOCKS, special_networks
+from sandgate.policy.model import IPNetwork
+
+
+def special4(public_override: Iterable[IPNetwork] = ()) -> list[ipaddress.IPv4Network]:
+    """The IPv4 special-purpose space, minus what the test world declares public."""
+    nets = [n for n in special_networks(4) if isinstance(n, ipaddress.IPv4Network)]
+    return subtract(nets, [o for o in public_override if isinstance(o, ipaddress.IPv4Network)])
+
+
+def subtract(
+    nets: list[ipaddress.IPv4Network], holes: list[ipaddress.IPv4Network]
+) -> list[ipaddress.IPv4Network]:
+    """``nets`` without ``holes``, collapsed."""
+    for hole in holes:
+        out: list[ipaddress.IPv4Network] = []
+        for net in nets:
+            if hole.subnet_of(net):
+                out += list(net.address_exclude(hole))
+            elif not net.subnet_of(hole):
+                out.append(net)
+        nets = out
+    return sorted(ipaddress.collapse_addresses(nets))
+
+
+def inner_special(
+    net: IPNetwork, public_override: Iterable[IPNetwork] = ()
+) -> list[ipaddress.IPv4Network]:
+    """Special blocks strictly inside ``net``: an allow rule for ``net`` does not open them."""
+    inner = [
+        blk.network
+        for blk in BLOCKS
+        if isinstance(blk.network, ipaddress.IPv4Network)
+        and isinstance(net, ipaddress.IPv4Network)
+        and blk.network != net
+        and blk.network.subnet_of(net)
+    ]
+    overrides = [o for o in public_override if isinstance(o, ipaddress.IPv4Network)]
+    return subtract(sorted(ipaddress.collapse_addresses(inner)), overrides) if inner else []
+
+
+def is_exemption(net: IPNetwork, public_override: Iterable[IPNetwork] = ()) -> bool:
+    """Does an allow rule for ``net`` lift a special-purpose block (reason allow.exempt)?"""
+    if any(net.version == o.version and net.subnet_of(o) for o in public_override):  # type: ignore[arg-type]
+        return False  # the test world's "internet": public there
+    return any(
+        blk.network.version == net.version and net.subnet_of(blk.network)  # type: ignore[arg-type]
+        for blk in BLOCKS
+    )
+
+
+__all__ = ["inner_special", "is_exemption", "special4", "subtract"]
