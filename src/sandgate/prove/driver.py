@@ -36,6 +36,9 @@ def tcp(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         # The far end answered (with a reset): the attempt got through the gateway, whose own
         # refusals are ICMP "administratively prohibited" (no route to host).
         return "allow", {"sport": locals().get("sport"), "error": "refused by the destination"}
+    except TimeoutError:
+        # The gateway refuses at once; silence means it let the SYN through to nobody.
+        return "allow", {"sport": locals().get("sport"), "error": "no answer beyond the gateway"}
     except OSError as exc:
         return "deny", {"sport": locals().get("sport"), "error": exc.__class__.__name__}
     finally:
