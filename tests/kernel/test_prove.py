@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,3 +92,49 @@ def test_a_rule_added_behind_the_policys_back_makes_prove_fail(
         )
     leaks = [r for r in result.failed if r.why.startswith("LEAK")]
     assert {r.probe for r in leaks} >= {"NAS 22/tcp", "NAS 445/tcp", "model server port 22"}
+
+
+def test_a_weakened_decide_is_caught_by_the_never_rules(
+    stack: Stack, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decide() and the gateway weakened together (guest to guest allowed): expectation and
+    observation agree, and only the invariant can tell."""
+    import ipaddress
+
+    from sandgate.policy import decide as decide_module
+    from sandgate.prove import catalogue
+
+    real = decide_module.decide
+
+    def weakened(profile: Any, attempt: Any) -> Any:
+        a = attempt.address
+        if a is not None and a in profile.guest_pool and a != profile.gateway_address:
+            return decide_module.allow(decide_module.Reason.RULE_ALLOW, detail="weakened")
+        return real(profile, attempt)
+
+    monkeypatch.setattr(catalogue, "decide", weakened)
+    ns = f"--net=/proc/{stack.gateway.pid}/ns/net"
+    pool = stack.config.guest_pool if stack.config else "10.201.0.0/16"
+    assert ipaddress.ip_network(pool)
+    rule = ["nft", "insert", "rule", "inet", "sandgate", "forward", "ip", "daddr", pool]
+    subprocess.run(["nsenter", ns, *rule, "accept"], check=True)
+    try:
+        result = _prove(stack, store_path, "open")
+    finally:
+        listing = subprocess.run(
+            ["nsenter", ns, "nft", "-a", "list", "chain", "inet", "sandgate", "forward"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        handle = next(
+            line.rsplit("# handle ", 1)[1]
+            for line in listing.splitlines()
+            if f"{pool} accept" in line
+        )
+        delete = ["nft", "delete", "rule", "inet", "sandgate", "forward", "handle", handle]
+        subprocess.run(["nsenter", ns, *delete], check=True)
+    lateral = next(r for r in result.results if r.group == "lateral")
+    assert lateral.expected == "allow" and lateral.observed == "allow"
+    assert lateral.result == "FAIL"
+    assert "policy and invariant disagree" in lateral.why and "never.lateral" in lateral.why

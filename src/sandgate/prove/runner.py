@@ -24,6 +24,7 @@ from sandgate.events.store import Store
 from sandgate.policy.load import load_policy
 from sandgate.policy.model import Mode
 from sandgate.prove.catalogue import Context, Probe, catalogue
+from sandgate.prove.invariants import Wiring, foreign_sources, leaked_names, never, probe_target
 from sandgate.sandbox.launch import preflight
 from sandgate.session.runner import RunOptions, RunResult, run_in, signals_raise
 from sandgate.session.stack import Stack, stack_for
@@ -99,6 +100,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
         peer_address = _wait_for_peer(stack, peer)
         probes_file = work / "probes.json"
         holder: dict[str, list[Probe]] = {}
+        wiring: dict[str, Wiring] = {}
 
         def probes_for(guest: dict[str, Any]) -> dict[str, Path]:
             policy = load_policy(policy_path)
@@ -119,12 +121,21 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 peer=peer_address,
                 placeholder=placeholder,
             )
+            wiring["guest"] = Wiring(
+                guest_pool=profile.guest_pool,
+                gateway=_ip(guest["gateway"]),
+                named_exactly=tuple(
+                    r.spec.network.network_address
+                    for r in profile.allow
+                    if r.spec.network is not None and r.spec.network.num_addresses == 1
+                ),
+            )
             holder["probes"] = catalogue(ctx)
             runnable = [p for p in holder["probes"] if world is not None or not p.needs_world]
             probes_file.write_text(json.dumps([p.as_driver() for p in runnable]))
             return {PROBES_TARGET: probes_file}
 
-        upstream_before = len(read_log(world.logs["dns"])) if world else 0
+        logs_before = {k: len(read_log(v)) for k, v in world.logs.items()} if world else {}
         run = run_in(
             stack,
             RunOptions(
@@ -143,9 +154,10 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
         )
         observed = _observed(work / "results.jsonl")
         events = _events(run, opts.store)
-        upstream = read_log(world.logs["dns"])[upstream_before:] if world else []
+        seen = {k: read_log(v)[logs_before[k] :] for k, v in world.logs.items()} if world else {}
+        upstream = seen.get("dns", [])
         results = [
-            _judge(p, observed.get(p.id), events, upstream)
+            _judge(p, observed.get(p.id), events, upstream, wiring.get("guest"))
             if world is not None or not p.needs_world
             else ProbeResult(
                 p.id,
@@ -160,6 +172,8 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
             )
             for p in holder["probes"]
         ]
+        if world is not None:
+            results += _session_invariants(world.uplink.address, events, seen)
         report = run.report
         return ProveResult(
             report.mode or "", report.profile or "", policy_path, run.session, results
@@ -210,7 +224,11 @@ def _wait_for_peer(stack: Stack, peer: threading.Thread) -> str | None:
 
 
 def _judge(
-    probe: Probe, seen: dict[str, Any] | None, events: list[Event], upstream: list[dict[str, Any]]
+    probe: Probe,
+    seen: dict[str, Any] | None,
+    events: list[Event],
+    upstream: list[dict[str, Any]],
+    wiring: Wiring | None = None,
 ) -> ProbeResult:
     def result(res: str, observed: str, logged: str, why: str = "") -> ProbeResult:
         return ProbeResult(
@@ -229,6 +247,15 @@ def _judge(
         return result("FAIL", "-", "-", "the driver did not report this probe")
     observed = str(seen.get("observed"))
     logged = _logged(probe, seen, events)
+    broken = never(wiring, *probe_target(probe.args)) if wiring is not None else None
+    if broken is not None and (probe.expected == "allow" or observed == "allow"):
+        return result(
+            "FAIL",
+            observed,
+            logged,
+            f"policy and invariant disagree: decide() expects {probe.expected} "
+            f"({probe.why}), observed {observed}, but {broken} holds for every policy",
+        )
     if observed == "error":
         return result("FAIL", observed, logged, f"the probe broke: {seen.get('error')}")
     if observed != probe.expected:
@@ -241,6 +268,45 @@ def _judge(
     ):
         return result("FAIL", observed, logged, "the name reached the upstream DNS server")
     return result("PASS", observed, logged)
+
+
+def _session_invariants(
+    uplink: str, events: list[Event], seen: dict[str, list[dict[str, Any]]]
+) -> list[ProbeResult]:
+    """The never-rules over the whole session: the outside saw only the gateway's uplink
+    address, and no name the resolver refused before forwarding reached the upstream."""
+    source = uplink.split("/", maxsplit=1)[0]
+    entries = [
+        {**x, "src": str(x.get("src") or x.get("client") or "").rsplit(":", 1)[0] or None}
+        for log in seen.values()
+        for x in log
+    ]
+    foreign = foreign_sources(entries, source)
+    refused = [
+        e.name
+        for e in events
+        if e.kind.value == "dns" and e.verdict == "deny" and e.name and "answers" not in e.details
+    ]
+    leaked = leaked_names(refused, seen.get("dns", []))
+    rows = []
+    for pid, bad, what in (
+        ("never: another source", foreign, f"every packet outside came from {source}"),
+        ("never: refused name upstream", leaked, "no refused name reached the upstream resolver"),
+    ):
+        rows.append(
+            ProbeResult(
+                pid,
+                "invariants",
+                what,
+                "deny",
+                "allow" if bad else "deny",
+                "n/a: the outside world's own logs",
+                "FAIL" if bad else "PASS",
+                f"policy and invariant disagree: {bad[:3]}" if bad else "",
+                "never." + pid.split(": ")[1].replace(" ", "_"),
+            )
+        )
+    return rows
 
 
 def _logged(probe: Probe, seen: dict[str, Any], events: list[Event]) -> str:
