@@ -119,6 +119,7 @@ class Policy:
         )
         deny += tuple(Rule("deny", s, f"--deny[{i}]") for i, s in _cli_rules(extra_deny, "--deny"))
         problems = check_rules(allow, deny, self._where)
+        problems += _pool_rules(allow, guest_pool or self.file.gateway.pool, self._where)
         if problems:
             raise PolicyError(problems)
         profile = Profile(

@@ -1,0 +1,207 @@
+"""Every enforcer agrees with ``decide()``: random policies, random attempts, pins included.
+
+For each generated policy (domains with and without ports, port-scoped denies, CIDR allows
+covering the guest pool, custom pools, exemptions, every mode) and each attempt "the guest
+resolves NAME, then connects to its address on PORT", four answers must agree:
+
+* the resolver (the real ``Resolver`` code, fed the question and an upstream answer made by
+  dnspython): does the name resolve, is the answer given, which pin sets does it join;
+* the compiled ruleset *with those pins*, evaluated as the kernel would (the evaluator of
+  test_compile_agrees.py), for the packet to the address;
+* ``decide()`` for the same attempt with the name (the kernel cannot see the name: the pins
+  are how it knows);
+* the never-rules: no decision ever lets a guest reach another guest.
+
+An attempt without a name (a hard-coded address) is judged as decide() judges the address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+import dns.message
+import dns.rrset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandgate.gateway import dnslogic
+from sandgate.gateway.resolver import GuestDNS, Resolver
+from sandgate.net.compile import GuestLink, base_ruleset, guest_add, pin_set
+from sandgate.policy.decide import Attempt, decide, decide_answer, decide_name
+from sandgate.policy.load import parse_policy
+from sandgate.policy.model import Protocol
+from sandgate.policy.pins import pin_rules
+from sandgate.policy.profile import Profile
+from tests.unit.test_compile_agrees import Packet, Ruleset
+
+TEST_INTERNET = (IPv4Network("203.0.113.0/24"), IPv4Network("198.51.100.0/24"))
+POOLS = ("10.201.0.0/16", "10.202.0.0/16", "10.99.64.0/20")
+# One address per name, so a pinned address stands for exactly one name.
+NAMES = {
+    "github.com": "203.0.113.30",
+    "api.github.com": "203.0.113.31",
+    "gist.github.com": "203.0.113.33",
+    "pypi.org": "203.0.113.20",
+    "files.pythonhosted.org": "203.0.113.21",
+    "example.com": "198.51.100.10",
+    "models.lan": "10.77.0.10",  # a LAN name: only an exemption opens it
+    "rebind.example": "10.77.0.20",
+    "metadata.example": "169.254.169.254",
+}
+DOMAINS = (
+    "github.com",
+    "*.github.com",
+    "gist.github.com",
+    "pypi.org",
+    "*.pythonhosted.org",
+    "example.com",
+    "models.lan",
+    "rebind.example",
+)
+NETS = (
+    "10.0.0.0/8",
+    "10.77.0.0/24",
+    "203.0.113.0/24",
+    "203.0.113.33/32",
+    "198.51.100.0/24",
+    "169.254.169.254/32",
+    "10.77.0.10/32",
+)
+PORTS = (None, 22, 443, [80, 443], "8000-8100", [22, 443])
+PROTOS = (None, "tcp", "udp")
+
+
+def _scope(port: Any, proto: Any) -> str:
+    out = ""
+    if port is not None:
+        out += f", port = {port!r}".replace("'", '"')
+    if proto is not None:
+        out += f', protocol = "{proto}"'
+    return out
+
+
+rule_scope = st.tuples(st.sampled_from(PORTS), st.sampled_from(PROTOS))
+domain_rule = st.builds(
+    lambda d, s: f'{{ domain = "{d}"{_scope(*s)} }}', st.sampled_from(DOMAINS), rule_scope
+)
+net_rule = st.builds(
+    lambda n, s: f'{{ cidr = "{n}"{_scope(*s)} }}', st.sampled_from(NETS), rule_scope
+)
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> tuple[Profile, GuestLink]:
+    pool = draw(st.sampled_from(POOLS))
+    mode = draw(st.sampled_from(("locked", "open", "allowlist")))
+    allow = draw(st.lists(st.one_of(domain_rule, net_rule), max_size=5, unique=True))
+    deny = draw(st.lists(st.one_of(domain_rule, net_rule), max_size=3, unique=True))
+    text = (
+        f'[gateway]\nguest_pool = "{pool}"\n[profiles.p]\ninternet = "{mode}"\n'
+        f"allow = [{', '.join(allow)}]\ndeny = [{', '.join(deny)}]\n"
+    )
+    try:
+        policy = parse_policy(text.encode(), "random.toml")
+        link = GuestLink.from_pool(IPv4Network(pool), 3, "02:00:00:00:00:03")
+        profile = policy.profile("p", public_override=TEST_INTERNET, gateway_address=link.gateway)
+    except Exception as exc:  # a policy the loader refuses (a dead allow rule, a repeat)
+        from hypothesis import reject
+
+        assert "PolicyError" in type(exc).__name__, exc
+        reject()
+    return profile, link
+
+
+class World:
+    """One profile's enforcers, with the pins its resolver made so far."""
+
+    def __init__(self, profile: Profile, link: GuestLink) -> None:
+        self.profile, self.link = profile, link
+        base, _ = base_ruleset("up0", profile.guest_pool, public_override=TEST_INTERNET)
+        guest, _ = guest_add(link, profile)
+        self.ruleset = Ruleset(base + guest)
+        self.pinned: list[tuple[str, tuple[str, ...]]] = []
+        self.resolver = Resolver([], lambda key, event: None, self._pin)
+        self.dns = GuestDNS(link, None, profile, "p")
+
+    def _pin(
+        self, dns: GuestDNS, addresses: tuple[str, ...], ttl: int, tags: Any, insp: bool
+    ) -> None:
+        for tag in tags:
+            self.ruleset.sets[pin_set(self.link.ifname, tag)] += list(addresses)
+        self.pinned += [(a, tuple(tags)) for a in addresses]
+
+    def resolve(self, name: str) -> str | None:
+        """The resolver's real code: the address the guest learns for ``name``, or None."""
+        query = dns.message.make_query(name, "A")
+        wire = query.to_wire()
+        q = dnslogic.parse_question(wire)
+        decision = decide_name(self.profile, name)
+        entry = self.resolver._local(self.dns, q, decision)
+        if entry is None:
+            reply = dns.message.make_response(query)
+            reply.answer.append(dns.rrset.from_text(name + ".", 300, "IN", "A", NAMES[name]))
+            entry = self.resolver._judged(self.dns, q, decision, reply.to_wire(), None)
+            self.resolver._answered(self.dns, wire, ("10.0.0.2", 5353), "udp", entry)
+        # The resolver and the policy say the same: resolves iff decide_name and decide_answer.
+        expected = (
+            decision.allowed
+            and decide_answer(self.profile, name, ipaddress.ip_address(NAMES[name])).allowed
+        )
+        given = entry.rcode == 0 and entry.verdict == "allow" and bool(entry.addresses)
+        assert given == expected, (name, entry)
+        if not given:
+            return None
+        want = tuple(p.tag for p in pin_rules(self.profile, name))
+        assert entry.pin == want, (name, entry.pin, want)
+        return entry.addresses[0]
+
+    def kernel(self, address: str, proto: str, port: int | None) -> bool:
+        pkt = Packet(IPv4Address(address), proto, port, self.link.ifname)
+        reached, _ = self.ruleset.judge(pkt, {self.link.gateway})
+        return reached
+
+
+attempts = st.lists(
+    st.tuples(
+        st.sampled_from(sorted(NAMES)),
+        st.sampled_from(("tcp", "udp")),
+        st.sampled_from((22, 443, 8000, 8080, 53 + 1, 123)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(policies(), attempts)
+def test_resolver_ruleset_and_decide_agree(pol: tuple[Profile, GuestLink], tries: Any) -> None:
+    profile, link = pol
+    world = World(profile, link)
+    for name, proto, port in tries:
+        address = world.resolve(name)
+        if address is None:
+            continue  # the guest never learns an address for the name
+        d = decide(profile, Attempt(Protocol(proto), ipaddress.ip_address(address), port, name))
+        got = world.kernel(address, proto, port)
+        assert got == d.allowed, (
+            f"{name} → {address} {proto}/{port}: decide() {d.key} ({d.rule_ref}), kernel "
+            f"{'accepts' if got else 'refuses'}; pins {world.pinned}"
+        )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(policies(), st.integers(0, 2**14 - 1), st.sampled_from(("tcp", "udp", "icmp")))
+def test_no_policy_reaches_another_guest(
+    pol: tuple[Profile, GuestLink], offset: int, proto: str
+) -> None:
+    profile, link = pol
+    pool = profile.guest_pool
+    target = pool.network_address + offset % pool.num_addresses
+    if target == link.gateway:
+        return
+    port = None if proto == "icmp" else 8080
+    d = decide(profile, Attempt(Protocol(proto), target, port))
+    assert not d.allowed, (target, d.key)
+    assert not World(profile, link).kernel(str(target), proto, port)
