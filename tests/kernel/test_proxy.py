@@ -444,3 +444,40 @@ def test_tunnel_byte_cap_ends_a_tunnel(sandbox: Runner, work: Path) -> None:
     tunnel = next(e for e in _http(sandbox, r) if e.name == "example.com")
     assert tunnel.details.get("note") == "ended: cap"
     assert tunnel.details["bytes_down"] <= 200000
+
+
+def test_malformed_chunked_body_never_reaches_upstream(sandbox: Runner, work: Path) -> None:
+    """Bad chunk framing is refused with 400 before the upstream is dialled: the listener at
+    198.51.100.123:9 logs every connection it accepts, and sees only the well-formed one."""
+    before = [x for x in sandbox.world_log("probe") if x.get("event") == "connect"]
+    r, out = _py(
+        sandbox,
+        work,
+        r"""
+        import os, socket
+        host, port = os.environ["http_proxy"].removeprefix("http://").rstrip("/").split(":")
+        head = (b"POST http://198.51.100.123:9/upload?token=s3cret HTTP/1.1\r\n"
+                b"Host: 198.51.100.123:9\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for body in (b"5\nhello\r\n0\r\n\r\n", b"0x5\r\nhello\r\n0\r\n\r\n",
+                     b"5\r\nhelloX\r\n0\r\n\r\n", b"5\r\nhello\r\n0\r\n\r\n"):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.sendall(head + body)
+            try:
+                print(s.recv(100).split(b"\r\n")[0].decode() or "closed")
+            except OSError as exc:
+                print(type(exc).__name__)
+            s.close()
+    """,
+        mode="open",
+    )
+    lines = out.splitlines()
+    assert [line.split()[:2] for line in lines[:3]] == [["HTTP/1.1", "400"]] * 3, out
+    assert not lines[3].startswith("HTTP/1.1 400"), out  # the well-formed one was forwarded
+    after = [x for x in sandbox.world_log("probe") if x.get("event") == "connect"]
+    assert len(after) - len(before) == 1  # only the well-formed request dialled the listener
+    refused = [e for e in _http(sandbox, r) if e.verdict == "deny"]
+    assert len(refused) == 3, refused
+    for e in refused:
+        assert e.reason == "deny.protocol" and e.details["status"] == 400
+        assert e.name == "198.51.100.123" and e.port == 9
+        assert e.details["path"] == "/upload?…" and "s3cret" not in json.dumps(e.as_json())
