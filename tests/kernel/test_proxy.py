@@ -247,6 +247,7 @@ def test_trace_and_smuggling_shapes_refused(sandbox: Runner, work: Path) -> None
             b"GET / HTTP/1.1\r\nHost: example.com\r\nX: a\r\n b\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: example.com\r\nX: a\x00b\r\n\r\n",
             b"GET /\nHTTP/1.1\r\nHost: example.com\n\n",
+            b"GET /a?token=s3cret HTTP/1.1\r\nHost: example.com\r\nX: s3cret\x00\r\n\r\n",
         ]
         for head in heads:
             s = socket.create_connection(("203.0.113.10", 80), timeout=5)
@@ -264,7 +265,11 @@ def test_trace_and_smuggling_shapes_refused(sandbox: Runner, work: Path) -> None
     assert all(line.startswith("HTTP/1.1 4") for line in lines[1:-1]), lines
     assert lines[-1].startswith("HTTP/1.1 204")  # the proxy kept serving
     refused = [e for e in _http(sandbox, r) if e.verdict == "deny"]
-    assert len(refused) == 7 and all(e.reason == "deny.protocol" for e in refused)
+    assert len(refused) == 8 and all(e.reason == "deny.protocol" for e in refused)
+    # Each refusal says what it was aimed at, and nothing secret.
+    assert all((e.name, e.port) == ("example.com", 80) for e in refused), refused
+    assert refused[-1].details["path"] == "/a?…"
+    assert "s3cret" not in json.dumps([e.as_json() for e in refused])
 
 
 @pytest.mark.parametrize("mode", ["passthrough", "inspected"])

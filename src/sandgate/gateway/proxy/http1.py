@@ -136,7 +136,7 @@ def serve(sock: socket.socket, ctx: Ctx) -> None:
             try:
                 event = client.next_event()
             except h11.RemoteProtocolError as exc:
-                _refuse_protocol(client, ctx, exc.error_status_hint, str(exc))
+                _refuse_protocol(client, ctx, exc.error_status_hint, httphead.h11_message(exc))
                 return
             if isinstance(event, h11.ConnectionClosed) or event is None:
                 return
@@ -171,13 +171,14 @@ def _one_request(
             http_version=req.http_version,
         )
     except PeerProtocolError as exc:
-        rec.path = httphead.redact_path(req.target.decode("latin-1", "replace"))
+        _aim(rec, bytes(client.raw_head), ctx)
         rec.decision = deny(Reason.PROTOCOL, exc.message)
         _answer(client, exc.status_hint, exc.message, rec, ctx)
         return False, upstream
     rec.path = target.path
     if target.kind == "authority":  # CONNECT
         if ctx.on_connect is None or ctx.tls_name is not None:
+            rec.host, rec.port = target.host, target.port
             rec.decision = deny(Reason.PROTOCOL, "CONNECT inside a tunnel")
             _answer(client, 405, "CONNECT is only for the proxy port", rec, ctx)
             return False, upstream
@@ -242,7 +243,9 @@ def _one_request(
             client.check_chunked_body()
             ahead = _read_ahead(client, ctx)
         except (PeerProtocolError, h11.RemoteProtocolError) as exc:
-            message = exc.message if isinstance(exc, PeerProtocolError) else str(exc)
+            message = (
+                exc.message if isinstance(exc, PeerProtocolError) else httphead.h11_message(exc)
+            )
             rec.decision = deny(Reason.PROTOCOL, message)
             _answer(client, 400, f"sandgate: malformed request: {message}", rec, ctx)
             return False, upstream
@@ -389,7 +392,7 @@ def _body_event(client: _Peer) -> Any:
     try:
         return client.next_event()
     except h11.RemoteProtocolError as exc:
-        raise PeerProtocolError(str(exc), 400) from exc
+        raise PeerProtocolError(httphead.h11_message(exc), 400) from exc
 
 
 def _read_ahead(client: _Peer, ctx: Ctx) -> list[h11.Data | h11.EndOfMessage]:
@@ -539,8 +542,20 @@ def _record(ctx: Ctx) -> Record:
     )
 
 
+def _aim(rec: Record, raw_head: bytes, ctx: Ctx) -> None:
+    """Say in a refusal's record what the head was aimed at, as far as it can be read."""
+    aim = httphead.aimed_at(raw_head)
+    rec.host, rec.path, rec.address = aim.name, aim.path, aim.address
+    rec.port = aim.port
+    if rec.port is None and ctx.tls_name is not None:
+        rec.port = 443
+    elif rec.port is None and ctx.door == "transparent":
+        rec.port = ctx.original_dst[1]  # origin form: the port the guest connected to
+
+
 def _refuse_protocol(client: _Peer, ctx: Ctx, status: int, text: str) -> None:
     rec = _record(ctx)
+    _aim(rec, bytes(client.raw_head), ctx)
     rec.decision = deny(Reason.PROTOCOL, text)
     # A refusal is the client's fault: always a 4xx (h11 suggests 501 for unknown codings).
     status = status if 400 <= status < 500 else 400
