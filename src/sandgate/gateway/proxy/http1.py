@@ -36,6 +36,7 @@ from sandgate.gateway.proxy.credentials import (
 from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
 from sandgate.policy.decide import Attempt, Reason, decide, deny
 from sandgate.policy.model import Protocol
+from sandgate.policy.requests import names_agree, placeholder_sent
 
 MAX_HEAD = 64 * 1024
 RECV = 64 * 1024
@@ -187,8 +188,9 @@ def _one_request(
     host = target.host
     port = target.port or (443 if ctx.tls_name else 80)
     rec.host, rec.port = host, port
-    if ctx.tls_name is not None and host != ctx.tls_name:
-        rec.decision = deny(Reason.FRONTING, f"SNI {ctx.tls_name} but Host {host}")
+    fronting = names_agree(ctx.tls_name, host or "", f"SNI {ctx.tls_name} but Host {host}")
+    if fronting is not None:
+        rec.decision = fronting
         _answer(client, 421, f"the Host header ({host}) does not match the TLS name", rec, ctx)
         return False, upstream
     if ctx.door == "transparent" and ctx.tls_name is None and host is None:
@@ -216,9 +218,7 @@ def _one_request(
         list(req.headers), host, ctx.guest.secrets, tls=ctx.tls_name is not None, target=req.target
     )
     if rewritten.exfiltration is not None:
-        rec.decision = deny(
-            Reason.EXFILTRATION, f"placeholder of {rewritten.exfiltration!r} to {host}"
-        )
+        rec.decision = placeholder_sent(rewritten.exfiltration, host)
         _answer(
             client,
             403,
@@ -321,7 +321,7 @@ def _exchange(
         if isinstance(event, h11.Data):
             found = scanner.feed(event.data)
             if found is not None:
-                rec.decision = deny(Reason.EXFILTRATION, f"placeholder of {found!r} in the body")
+                rec.decision = placeholder_sent(found, rec.host, "body")
                 rec.reason_override = Reason.EXFILTRATION.key
                 rec.status = 403
                 return False
