@@ -18,6 +18,7 @@ from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_target
 from sandgate.policy.model import IPAddress, Protocol
 from sandgate.policy.profile import Profile
+from sandgate.policy.requests import judge_answers
 
 Resolve = Callable[[str], list[IPAddress]]
 
@@ -81,13 +82,9 @@ def explain(
         return out
     name = target.host.name
     addresses = resolve(name)
-    if not addresses:
-        d = deny(Reason.UNRESOLVABLE, f"{name} does not resolve")
-        return _out(text, d, protocol, host=name, port=port)
-    judged = [(a, decide(profile, Attempt(protocol, a, port, name))) for a in addresses]
-    worst = next((d for _, d in judged if not d.allowed), judged[0][1])
-    out = _out(text, worst, protocol, host=name, port=port)
-    out.addresses = [_address(a, d) for a, d in judged]
+    judged = judge_answers(profile, name, port, addresses, protocol)
+    out = _out(text, judged.decision, protocol, host=name, port=port)
+    out.addresses = [_address(a, d) for a, d in judged.each]
     return out
 
 

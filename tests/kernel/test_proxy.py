@@ -247,6 +247,7 @@ def test_trace_and_smuggling_shapes_refused(sandbox: Runner, work: Path) -> None
             b"GET / HTTP/1.1\r\nHost: example.com\r\nX: a\r\n b\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: example.com\r\nX: a\x00b\r\n\r\n",
             b"GET /\nHTTP/1.1\r\nHost: example.com\n\n",
+            b"GET /a?token=s3cret HTTP/1.1\r\nHost: example.com\r\nX: s3cret\x00\r\n\r\n",
         ]
         for head in heads:
             s = socket.create_connection(("203.0.113.10", 80), timeout=5)
@@ -264,7 +265,11 @@ def test_trace_and_smuggling_shapes_refused(sandbox: Runner, work: Path) -> None
     assert all(line.startswith("HTTP/1.1 4") for line in lines[1:-1]), lines
     assert lines[-1].startswith("HTTP/1.1 204")  # the proxy kept serving
     refused = [e for e in _http(sandbox, r) if e.verdict == "deny"]
-    assert len(refused) == 7 and all(e.reason == "deny.protocol" for e in refused)
+    assert len(refused) == 8 and all(e.reason == "deny.protocol" for e in refused)
+    # Each refusal says what it was aimed at, and nothing secret.
+    assert all((e.name, e.port) == ("example.com", 80) for e in refused), refused
+    assert refused[-1].details["path"] == "/a?…"
+    assert "s3cret" not in json.dumps([e.as_json() for e in refused])
 
 
 @pytest.mark.parametrize("mode", ["passthrough", "inspected"])
@@ -444,3 +449,40 @@ def test_tunnel_byte_cap_ends_a_tunnel(sandbox: Runner, work: Path) -> None:
     tunnel = next(e for e in _http(sandbox, r) if e.name == "example.com")
     assert tunnel.details.get("note") == "ended: cap"
     assert tunnel.details["bytes_down"] <= 200000
+
+
+def test_malformed_chunked_body_never_reaches_upstream(sandbox: Runner, work: Path) -> None:
+    """Bad chunk framing is refused with 400 before the upstream is dialled: the listener at
+    198.51.100.123:9 logs every connection it accepts, and sees only the well-formed one."""
+    before = [x for x in sandbox.world_log("probe") if x.get("event") == "connect"]
+    r, out = _py(
+        sandbox,
+        work,
+        r"""
+        import os, socket
+        host, port = os.environ["http_proxy"].removeprefix("http://").rstrip("/").split(":")
+        head = (b"POST http://198.51.100.123:9/upload?token=s3cret HTTP/1.1\r\n"
+                b"Host: 198.51.100.123:9\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for body in (b"5\nhello\r\n0\r\n\r\n", b"0x5\r\nhello\r\n0\r\n\r\n",
+                     b"5\r\nhelloX\r\n0\r\n\r\n", b"5\r\nhello\r\n0\r\n\r\n"):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.sendall(head + body)
+            try:
+                print(s.recv(100).split(b"\r\n")[0].decode() or "closed")
+            except OSError as exc:
+                print(type(exc).__name__)
+            s.close()
+    """,
+        mode="open",
+    )
+    lines = out.splitlines()
+    assert [line.split()[:2] for line in lines[:3]] == [["HTTP/1.1", "400"]] * 3, out
+    assert not lines[3].startswith("HTTP/1.1 400"), out  # the well-formed one was forwarded
+    after = [x for x in sandbox.world_log("probe") if x.get("event") == "connect"]
+    assert len(after) - len(before) == 1  # only the well-formed request dialled the listener
+    refused = [e for e in _http(sandbox, r) if e.verdict == "deny"]
+    assert len(refused) == 3, refused
+    for e in refused:
+        assert e.reason == "deny.protocol" and e.details["status"] == 400
+        assert e.name == "198.51.100.123" and e.port == 9
+        assert e.details["path"] == "/upload?…" and "s3cret" not in json.dumps(e.as_json())

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sandgate.errors import SandgateError
 from sandgate.gateway.proxy.credentials import (
     BodyScanner,
     Redactor,
     Secret,
+    load_secrets,
     make_placeholder,
+    read_value,
     redact_headers,
     rewrite_headers,
 )
+from sandgate.policy.model import SecretSpec
 from sandgate.policy.patterns import parse_pattern
 
 REAL = "sk-real-0123456789abcdefghijklmnopqrstuv"
@@ -74,9 +80,14 @@ def test_body_scanner_finds_placeholders_across_chunks() -> None:
     p = OPENAI.placeholder.encode()
     for cut in range(len(p) + 1):
         scanner = BodyScanner(SECRETS)
-        assert scanner.feed(b"data=" + p[:cut]) in (None, "openai")
-        found = scanner.feed(p[cut:] + b"&x=1") if cut < len(p) else "openai"
-        assert found == "openai"
+        first = scanner.feed(b"data=" + p[:cut])
+        if cut == len(p):  # the placeholder arrived whole in one chunk
+            assert first == "openai"
+            continue
+        assert first is None
+        assert scanner.feed(p[cut:] + b"&x=1") == "openai"
+    assert BodyScanner(SECRETS).feed(p) == "openai"
+    assert BodyScanner(SECRETS).feed(b"x" * 100) is None
 
 
 @given(st.lists(st.binary(max_size=50), max_size=20))
@@ -101,3 +112,48 @@ def test_redactor_replaces_a_value_split_anywhere_and_holds_back_only_a_possible
 def test_response_headers_are_redacted() -> None:
     out = redact_headers([(b"x-echo", REAL.encode())], SECRETS)
     assert out == [(b"x-echo", OPENAI.placeholder.encode())]
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o602, 0o644, 0o660])
+def test_a_secret_file_others_can_reach_is_refused(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "key"
+    path.write_text(REAL + "\n")
+    path.chmod(mode)
+    with pytest.raises(SandgateError) as err:
+        read_value("openai", f"file:{path}")
+    assert "'openai'" in err.value.message and f"{mode:04o}" in err.value.message
+    assert REAL not in str(err.value) and err.value.fix == f"chmod 600 {path} (and chown root)"
+    path.chmod(0o600)
+    assert read_value("openai", f"file:{path}") == REAL
+
+
+def test_missing_and_empty_secret_sources_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(SandgateError, match="'gh': cannot read"):
+        read_value("gh", f"file:{tmp_path / 'nothing'}")
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "empty").chmod(0o600)
+    with pytest.raises(SandgateError, match=r"'gh': .* is empty"):
+        read_value("gh", f"file:{tmp_path / 'empty'}")
+    with pytest.raises(SandgateError, match="no SG_TEST_UNSET_VAR") as err:
+        read_value("gh", "env:SG_TEST_UNSET_VAR")
+    assert err.value.fix is not None and "export SG_TEST_UNSET_VAR" in err.value.fix
+
+
+@pytest.mark.parametrize(
+    "placeholder",
+    [REAL, REAL[:20], "x" + REAL + "x", REAL[5:], "Bearer " + REAL],
+)
+def test_a_placeholder_that_overlaps_the_real_value_is_refused(
+    monkeypatch: pytest.MonkeyPatch, placeholder: str
+) -> None:
+    monkeypatch.setenv("SG_TEST_KEY", REAL)
+    spec = SecretSpec(
+        name="openai", hosts=["api.openai.com"], value="env:SG_TEST_KEY", placeholder=placeholder
+    )
+    with pytest.raises(SandgateError) as err:
+        load_secrets([spec])
+    assert "'openai'" in err.value.message and "overlaps" in err.value.message
+    assert err.value.fix == "choose another placeholder"
+    assert REAL not in str(err.value)
+    ok = spec.model_copy(update={"placeholder": "sg-openai-placeholder-0123456789"})
+    assert load_secrets([ok])[0].value == REAL

@@ -55,10 +55,11 @@ def test_denied_names_are_never_resolved() -> None:
 
 
 def test_unresolvable_and_literal_names() -> None:
-    assert judge(PROFILE, "pypi.org.nowhere", None, 443, resolve).decision.key in (
-        "deny.not_allowlisted",
-        "deny.unresolvable",
-    )
+    # Allowed by name (*.cdn.example on 443), so it is resolved; no answers: refused.
+    asked.clear()
+    j = judge(PROFILE, "gone.cdn.example", None, 443, resolve)
+    assert j.decision.key == "deny.unresolvable" and j.address is None
+    assert asked == ["gone.cdn.example"]
     j = judge(PROFILE, "10.77.0.10", None, 8000, resolve)
     assert j.decision.key == "allow.exempt" and j.address == IPv4Address("10.77.0.10")
     j = judge(PROFILE, "::ffff:10.77.0.10", None, 8000, resolve)

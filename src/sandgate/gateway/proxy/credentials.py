@@ -100,7 +100,9 @@ def read_value(name: str, source: str) -> str:
         raise SandgateError(f"secret {name!r}: cannot read {where}: {exc.strerror}") from exc
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise SandgateError(
-            f"secret {name!r}: {where} is readable by others", f"chmod 600 {where} (and chown root)"
+            f"secret {name!r}: {where} has mode {stat.S_IMODE(info.st_mode):04o}: its group or "
+            "others may read or change it",
+            f"chmod 600 {where} (and chown root)",
         )
     value = path.read_text().strip()
     if not value:

@@ -20,6 +20,7 @@ from sandgate.net.compile import GuestLink
 from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny
 from sandgate.policy.model import Protocol
 from sandgate.policy.profile import Profile
+from sandgate.policy.requests import judge_answers
 
 Resolve = Callable[[str], list[ipaddress.IPv4Address]]
 Emit = Callable[[FlowKey | None, Event], None]
@@ -61,14 +62,9 @@ def judge(
     if not first.allowed:
         return Judged(first, None)
     answers = resolve(name)
-    if not answers:
-        return Judged(deny(Reason.UNRESOLVABLE, f"{name} does not resolve"), None)
-    verdicts = [decide(profile, Attempt(Protocol.TCP, a, port, name)) for a in answers]
-    refused = next((d for d in verdicts if not d.allowed), None)
-    shown = tuple(str(a) for a in answers)
-    if refused is not None:
-        return Judged(refused, None, shown)
-    return Judged(verdicts[0], answers[0], shown)
+    judged = judge_answers(profile, name, port, answers)
+    dial = judged.address if isinstance(judged.address, ipaddress.IPv4Address) else None
+    return Judged(judged.decision, dial, tuple(str(a) for a in answers))
 
 
 def _literal(name: str) -> ipaddress.IPv4Address | None:

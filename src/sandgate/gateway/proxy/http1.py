@@ -14,6 +14,7 @@ import ipaddress
 import select
 import socket
 import ssl
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -24,6 +25,7 @@ import h11
 
 from sandgate.errors import PeerProtocolError
 from sandgate.gateway.proxy import httphead
+from sandgate.gateway.proxy.chunked import ChunkedCheck
 from sandgate.gateway.proxy.credentials import (
     BodyScanner,
     Redactor,
@@ -34,9 +36,13 @@ from sandgate.gateway.proxy.credentials import (
 from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
 from sandgate.policy.decide import Attempt, Reason, decide, deny
 from sandgate.policy.model import Protocol
+from sandgate.policy.requests import names_agree, placeholder_sent
 
 MAX_HEAD = 64 * 1024
 RECV = 64 * 1024
+# How much of a chunked request body is read and checked before the upstream is dialled.
+AHEAD_BYTES = 256 * 1024
+AHEAD_SECONDS = 1.0
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -75,6 +81,7 @@ class _Peer:
         self.sock = sock
         self.h = h11.Connection(role, max_incomplete_event_size=MAX_HEAD)
         self.raw_head = bytearray()  # bytes received before the current event completed
+        self.body_check: ChunkedCheck | None = None
 
     def next_event(self) -> Any:
         while True:
@@ -85,9 +92,22 @@ class _Peer:
                 data = self.sock.recv(RECV)
             except (TimeoutError, ssl.SSLError, OSError):
                 data = b""
-            if len(self.raw_head) < MAX_HEAD + 1:
-                self.raw_head += data[: MAX_HEAD + 1 - len(self.raw_head)]
-            self.h.receive_data(data)
+            self.take(data)
+
+    def take(self, data: bytes) -> None:
+        """Received bytes: kept for check_head, checked as a chunked body, then given to h11
+        (the check first, so h11 never yields data from bytes the check refuses)."""
+        if len(self.raw_head) < MAX_HEAD + 1:
+            self.raw_head += data[: MAX_HEAD + 1 - len(self.raw_head)]
+        if self.body_check is not None and data:
+            self.body_check.feed(data)
+        self.h.receive_data(data)
+
+    def check_chunked_body(self) -> None:
+        """The request just read has a chunked body: check its raw bytes from here on,
+        starting with those h11 already holds."""
+        self.body_check = ChunkedCheck()
+        self.body_check.feed(bytes(self.h._receive_buffer))  # h11 is pinned (see serve)
 
     def send(self, event: h11.Event) -> int:
         data = self.h.send(event)
@@ -113,10 +133,11 @@ def serve(sock: socket.socket, ctx: Ctx) -> None:
             # The raw bytes of the coming head, for check_head: what h11 holds unparsed (a
             # pipelined request) plus what arrives next. (h11's buffer is private; h11 is pinned.)
             client.raw_head = bytearray(bytes(client.h._receive_buffer))
+            client.body_check = None
             try:
                 event = client.next_event()
             except h11.RemoteProtocolError as exc:
-                _refuse_protocol(client, ctx, exc.error_status_hint, str(exc))
+                _refuse_protocol(client, ctx, exc.error_status_hint, httphead.h11_message(exc))
                 return
             if isinstance(event, h11.ConnectionClosed) or event is None:
                 return
@@ -151,13 +172,14 @@ def _one_request(
             http_version=req.http_version,
         )
     except PeerProtocolError as exc:
-        rec.path = httphead.redact_path(req.target.decode("latin-1", "replace"))
+        _aim(rec, bytes(client.raw_head), ctx)
         rec.decision = deny(Reason.PROTOCOL, exc.message)
         _answer(client, exc.status_hint, exc.message, rec, ctx)
         return False, upstream
     rec.path = target.path
     if target.kind == "authority":  # CONNECT
         if ctx.on_connect is None or ctx.tls_name is not None:
+            rec.host, rec.port = target.host, target.port
             rec.decision = deny(Reason.PROTOCOL, "CONNECT inside a tunnel")
             _answer(client, 405, "CONNECT is only for the proxy port", rec, ctx)
             return False, upstream
@@ -166,8 +188,9 @@ def _one_request(
     host = target.host
     port = target.port or (443 if ctx.tls_name else 80)
     rec.host, rec.port = host, port
-    if ctx.tls_name is not None and host != ctx.tls_name:
-        rec.decision = deny(Reason.FRONTING, f"SNI {ctx.tls_name} but Host {host}")
+    fronting = names_agree(ctx.tls_name, host or "", f"SNI {ctx.tls_name} but Host {host}")
+    if fronting is not None:
+        rec.decision = fronting
         _answer(client, 421, f"the Host header ({host}) does not match the TLS name", rec, ctx)
         return False, upstream
     if ctx.door == "transparent" and ctx.tls_name is None and host is None:
@@ -195,9 +218,7 @@ def _one_request(
         list(req.headers), host, ctx.guest.secrets, tls=ctx.tls_name is not None, target=req.target
     )
     if rewritten.exfiltration is not None:
-        rec.decision = deny(
-            Reason.EXFILTRATION, f"placeholder of {rewritten.exfiltration!r} to {host}"
-        )
+        rec.decision = placeholder_sent(rewritten.exfiltration, host)
         _answer(
             client,
             403,
@@ -209,6 +230,25 @@ def _one_request(
     rec.credentials = [f"injected:{n}" for n in rewritten.injected] + [
         f"dropped:{n}" for n in rewritten.dropped
     ]
+    # A chunked body is read (up to a bound) and its framing checked before anything is sent or
+    # dialled: a short malformed body never costs an upstream connection (see _read_ahead).
+    ahead: list[h11.Data | h11.EndOfMessage] = []
+    forwarded = rewritten.headers
+    if _chunked(req.headers):
+        try:
+            if client.h.they_are_waiting_for_100_continue:
+                # The body is wanted here first; the upstream is not asked (nor told to wait).
+                client.send(h11.InformationalResponse(status_code=100, headers=[]))
+                forwarded = [(n, v) for n, v in forwarded if n.lower() != b"expect"]
+            client.check_chunked_body()
+            ahead = _read_ahead(client, ctx)
+        except (PeerProtocolError, h11.RemoteProtocolError) as exc:
+            message = (
+                exc.message if isinstance(exc, PeerProtocolError) else httphead.h11_message(exc)
+            )
+            rec.decision = deny(Reason.PROTOCOL, message)
+            _answer(client, 400, f"sandgate: malformed request: {message}", rec, ctx)
+            return False, upstream
     key = (rec.address, port, dial_tls)
     if upstream is None or upstream.key != key:
         if upstream is not None:
@@ -224,7 +264,7 @@ def _one_request(
             return False, None
         upstream = _Upstream(key, _Peer(sock, h11.CLIENT))
     target_path = origin_form(req.target) if target.kind == "absolute" else req.target
-    headers = [(n, v) for n, v in rewritten.headers if n.lower() not in HOP_BY_HOP]
+    headers = [(n, v) for n, v in forwarded if n.lower() not in HOP_BY_HOP]
     websocket = _wants_websocket(req.headers)
     if websocket:
         headers += [(b"connection", b"upgrade"), (b"upgrade", b"websocket")]
@@ -232,8 +272,15 @@ def _one_request(
     scanner = BodyScanner(strangers)
     try:
         keep = _exchange(
-            client, upstream.peer, req, target_path, headers, rec, scanner, websocket, ctx
+            client, upstream.peer, req, target_path, headers, ahead, rec, scanner, websocket, ctx
         )
+    except PeerProtocolError as exc:
+        # The client's body went bad past the read-ahead: the upstream got only the chunks
+        # that had parsed (h11 re-frames them), never the malformed bytes.
+        rec.decision = deny(Reason.PROTOCOL, exc.message)
+        rec.note = "aborted mid-body"
+        _answer(client, 400, f"sandgate: malformed request: {exc.message}", rec, ctx, log=False)
+        keep = False
     except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
         rec.note = f"aborted: {exc}"
         keep = False
@@ -255,23 +302,26 @@ def _exchange(
     req: h11.Request,
     target: bytes,
     headers: list[tuple[bytes, bytes]],
+    ahead: list[h11.Data | h11.EndOfMessage],
     rec: Record,
     scanner: BodyScanner,
     websocket: bool,
     ctx: Ctx,
 ) -> bool:
-    """Forward one request and its response, streaming both bodies. True: keep the connection."""
+    """Forward one request and its response, streaming both bodies. True: keep the connection.
+    ``ahead``: body events already read (and checked); the rest is read as it comes."""
     server.send(
         h11.Request(
             method=req.method, target=target, headers=headers, http_version=req.http_version
         )
     )
+    pending = list(ahead)
     while True:
-        event = client.next_event()
+        event = pending.pop(0) if pending else _body_event(client)
         if isinstance(event, h11.Data):
             found = scanner.feed(event.data)
             if found is not None:
-                rec.decision = deny(Reason.EXFILTRATION, f"placeholder of {found!r} in the body")
+                rec.decision = placeholder_sent(found, rec.host, "body")
                 rec.reason_override = Reason.EXFILTRATION.key
                 rec.status = 403
                 return False
@@ -330,6 +380,61 @@ def _exchange(
             return server.h.our_state is h11.DONE and server.h.their_state is h11.DONE
         else:
             return False
+
+
+def _chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    # judge_request let through only "Transfer-Encoding: chunked", once.
+    return any(n.lower() == b"transfer-encoding" for n, _ in headers)
+
+
+def _body_event(client: _Peer) -> Any:
+    """The client's next body event; its protocol errors are the client's (a 400)."""
+    try:
+        return client.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise PeerProtocolError(httphead.h11_message(exc), 400) from exc
+
+
+def _read_ahead(client: _Peer, ctx: Ctx) -> list[h11.Data | h11.EndOfMessage]:
+    """Read a chunked body before the upstream is dialled: to its end, or until
+    ``AHEAD_BYTES`` of it are held or ``AHEAD_SECONDS`` have passed. Either way its framing
+    was checked as it came (``ChunkedCheck``, fed by ``_Peer.take``), so a malformed body that
+    arrives within the bound is refused before any upstream connection exists.
+
+    Validate-ahead rather than forwarding after each chunk parsed: the head and the dial must
+    wait for the check too, and a bounded wait costs a streamed upload at most one second
+    once, while responses are never held (report 002: buffering turned a 17 s stream into
+    6 minutes). A body longer or slower than the bound is streamed on, still checked; what
+    the upstream receives is h11's re-framing of chunks that parsed, never the client's bytes.
+    """
+    events: list[h11.Data | h11.EndOfMessage] = []
+    held = 0
+    deadline = time.monotonic() + AHEAD_SECONDS
+    try:
+        while True:
+            event = client.h.next_event()
+            if isinstance(event, h11.Data):
+                events.append(event)
+                held += len(event.data)
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                events.append(event)
+                return events
+            if event is not h11.NEED_DATA:
+                raise PeerProtocolError(f"{type(event).__name__} inside a request body")
+            left = deadline - time.monotonic()
+            if held >= AHEAD_BYTES or left <= 0:
+                return events
+            client.sock.settimeout(left)
+            try:
+                data = client.sock.recv(RECV)
+            except TimeoutError:
+                return events
+            except (ssl.SSLError, OSError):
+                data = b""
+            client.take(data)
+    finally:
+        client.sock.settimeout(ctx.idle)
 
 
 def _connect(client: _Peer, host: str | None, port: int | None, rec: Record, ctx: Ctx) -> None:
@@ -437,8 +542,20 @@ def _record(ctx: Ctx) -> Record:
     )
 
 
+def _aim(rec: Record, raw_head: bytes, ctx: Ctx) -> None:
+    """Say in a refusal's record what the head was aimed at, as far as it can be read."""
+    aim = httphead.aimed_at(raw_head)
+    rec.host, rec.path, rec.address = aim.name, aim.path, aim.address
+    rec.port = aim.port
+    if rec.port is None and ctx.tls_name is not None:
+        rec.port = 443
+    elif rec.port is None and ctx.door == "transparent":
+        rec.port = ctx.original_dst[1]  # origin form: the port the guest connected to
+
+
 def _refuse_protocol(client: _Peer, ctx: Ctx, status: int, text: str) -> None:
     rec = _record(ctx)
+    _aim(rec, bytes(client.raw_head), ctx)
     rec.decision = deny(Reason.PROTOCOL, text)
     # A refusal is the client's fault: always a 4xx (h11 suggests 501 for unknown codings).
     status = status if 400 <= status < 500 else 400

@@ -60,12 +60,15 @@ from sandgate.policy.model import IPAddress
 __all__ = [
     "CREDENTIAL_HEADERS",
     "MAX_HEAD_BYTES",
+    "Aim",
     "RequestTarget",
     "TargetKind",
+    "aimed_at",
     "check_head",
+    "h11_message",
     "head_end",
     "judge_request",
-    "redact_path",
+    "redact_target",
 ]
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -126,6 +129,15 @@ def _show(value: bytes | str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
+def _show_target(value: bytes | str) -> str:
+    """A target in an error message: always through ``redact_target``."""
+    return _show(redact_target(value.decode("latin-1") if isinstance(value, bytes) else value))
+
+
+def _show_name(name: bytes) -> str:
+    return repr(name.decode("latin-1")) if name else "the request line"
+
+
 # -- bytes -----------------------------------------------------------------------------------------
 
 _HEAD_END = re.compile(rb"\n\r?\n")  # h11's own end-of-head test (it accepts bare LF)
@@ -165,19 +177,23 @@ def check_head(raw_head: bytes) -> None:
     if not lines[0]:
         _refuse("empty request line")
     seen: dict[bytes, int] = {}
+    last = b""  # the header before a line that is wrong: its name, never its value
     for line in lines[1:]:
         if not line:
             break  # the empty line: end of the head
         if line[:1] in (b" ", b"\t"):
-            _refuse(f"obsolete line folding (header line {_show(line)} starts with whitespace)")
+            _refuse(
+                f"obsolete line folding (the line after {_show_name(last)} starts with whitespace)"
+            )
         name, colon, value = line.partition(b":")
         if not colon:
-            _refuse(f"header line {_show(line)} has no ':'")
+            _refuse(f"a header line of {len(line)} bytes after {_show_name(last)} has no ':'")
         if not name:
-            _refuse(f"header line {_show(line)} has no name")
+            _refuse("a header line has no name (it starts with ':')")
         if _WHITESPACE.search(name):
             _refuse(f"whitespace in header name {_show(name)} (before the ':')")
         lower = name.lower()
+        last = name
         seen[lower] = seen.get(lower, 0) + 1
         pattern = _RAW_FRAMING.get(lower)
         if pattern is not None and not pattern.fullmatch(value):
@@ -282,11 +298,6 @@ def _agree(
         )
 
 
-def _log_path(path: str) -> str:
-    base, question, _ = path.partition("?")
-    return base + "?…" if question else base
-
-
 def _target(
     kind: TargetKind,
     scheme: str | None,
@@ -301,7 +312,7 @@ def _target(
         scheme,
         None if host is None else _host_str(host),
         port,
-        _log_path(path),
+        redact_target(path),
         path_raw,
         address,
     )
@@ -309,30 +320,32 @@ def _target(
 
 def _connect(text: str, host_header: tuple[Host, int | None] | None) -> RequestTarget:
     if "@" in text:
-        _refuse(f"CONNECT target {_show(text)} has userinfo; write host:port")
+        _refuse(f"CONNECT target {_show_target(text)} has userinfo; write host:port")
     if "/" in text:
-        _refuse(f"CONNECT target {_show(text)} is not host:port")
+        _refuse(f"CONNECT target {_show_target(text)} is not host:port")
     if text.startswith("["):
         close = text.find("]")
         host_part, after = text[: close + 1], text[close + 1 :]
         sep, port_text = after[:1], after[1:]
         if close == -1 or sep != ":":
-            _refuse(f"CONNECT target {_show(text)} is not [address]:port")
+            _refuse(f"CONNECT target {_show_target(text)} is not [address]:port")
     else:
         host_part, sep, port_text = text.rpartition(":")
         if not sep:
-            _refuse(f"CONNECT target {_show(text)} has no port; write host:port")
+            _refuse(f"CONNECT target {_show_target(text)} has no port; write host:port")
         if ":" in host_part:
-            _refuse(f"CONNECT target {_show(text)}: an IPv6 address needs brackets")
+            _refuse(f"CONNECT target {_show_target(text)}: an IPv6 address needs brackets")
     if not port_text.isascii() or not port_text.isdigit():
-        _refuse(f"CONNECT target {_show(text)}: port {_show(port_text)} is not a number")
+        _refuse(f"CONNECT target {_show_target(text)}: port {_show(port_text)} is not a number")
     digits = port_text.lstrip("0")
     if not digits or len(digits) > 5 or int(digits) > 65535:
-        _refuse(f"CONNECT target {_show(text)}: port {port_text} is out of range (1-65535)")
+        _refuse(f"CONNECT target {_show_target(text)}: port {port_text} is out of range (1-65535)")
     if not host_part:
-        _refuse(f"CONNECT target {_show(text)} has no host")
+        _refuse(f"CONNECT target {_show_target(text)} has no host")
     if not _HOST_RE.fullmatch(host_part):
-        _refuse(f"CONNECT target {_show(text)}: {_show(host_part)} is not a DNS name or an IP")
+        _refuse(
+            f"CONNECT target {_show_target(text)}: {_show(host_part)} is not a DNS name or an IP"
+        )
     host = _host_text(host_part, "CONNECT target")
     port = int(digits)
     if host_header is not None and host_header[1] is None:
@@ -351,15 +364,15 @@ def _absolute(
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i != -1), default=len(rest))
     authority, path = rest[:cut], rest[cut:]
     if "@" in authority:
-        _refuse(f"userinfo in the URL {_show(redact_path(text))}; send credentials in a header")
+        _refuse(f"userinfo in the URL {_show_target(text)}; send credentials in a header")
     if authority.count(":") > 1 and not authority.startswith("["):
-        _refuse(f"URL {_show(redact_path(text))}: an IPv6 address needs brackets")
+        _refuse(f"URL {_show_target(text)}: an IPv6 address needs brackets")
     if not _HOST_PORT_RE.fullmatch(authority):
-        _refuse(f"URL {_show(redact_path(text))}: the host is not a DNS name or an IP address")
+        _refuse(f"URL {_show_target(text)}: the host is not a DNS name or an IP address")
     try:
         parsed = parse_target(text)
     except HostParseError as exc:
-        _refuse(f"URL: {exc}")
+        _refuse(f"URL {_show_target(text)}: {exc.problem}; {exc.hint}")
     if host_header is None and http_version != b"1.0":
         _refuse("missing Host header (HTTP/1.1 requires it)")
     _agree(host_header, parsed.host, parsed.port, DEFAULT_PORTS[scheme])
@@ -403,11 +416,11 @@ def judge_request(
     try:
         text = target.decode("ascii")
     except UnicodeDecodeError:
-        _refuse(f"request target {_show(target)} is not ASCII")
+        _refuse(f"request target {_show_target(target)} is not ASCII")
     if not text or any(c <= " " or c == "\x7f" for c in text):
-        _refuse(f"request target {_show(text)} is empty or has spaces or control characters")
+        _refuse(f"request target {_show_target(text)} is empty or has spaces or control characters")
     if "#" in text:
-        _refuse(f"request target {_show(redact_path(text))} has a fragment ('#')")
+        _refuse(f"request target {_show_target(text)} has a fragment ('#')")
 
     if upper == b"CONNECT":
         if not explicit_proxy:
@@ -430,25 +443,111 @@ def judge_request(
     if _SCHEME_PREFIX.match(text):
         return _absolute(text, host_header, http_version)
     _refuse(
-        f"request target {_show(redact_path(text))} is none of /path, an absolute URL, "
+        f"request target {_show_target(text)} is none of /path, an absolute URL, "
         "host:port (CONNECT) or * (OPTIONS)"
     )
 
 
-def redact_path(target: str) -> str:
-    """A target fit for logs: query values become ``…``, a parameter without ``=`` becomes
-    ``…`` whole, userinfo and fragment are dropped. Secrets in the path itself are not found."""
-    text = target.partition("#")[0]
-    match = _SCHEME_PREFIX.match(text)
-    if match is not None:
-        rest = text[match.end() :]
+def redact_target(target: str) -> str:
+    """A request target, URL or CONNECT authority fit for logs, terminals and error messages:
+    userinfo (``user:pass@``) becomes ``…@``, a query becomes ``?…``, a fragment is dropped.
+    Everything before the first ``/`` of a URL or authority counts as authority here, whatever
+    a URL parser would say, so no spelling of ``user:pass@`` slips through. Secrets in the
+    path itself are not found."""
+    match = _SCHEME_PREFIX.match(target)
+    start = match.end() if match is not None else 0
+    if match is not None or not target.startswith("/"):
+        slash = target.find("/", start)
+        cut = len(target) if slash == -1 else slash
+        at = target.rfind("@", start, cut)
+        if at != -1:
+            target = target[:start] + "…@" + target[at + 1 :]
+    path = target.partition("#")[0]
+    base, question, _ = path.partition("?")
+    return base + "?…" if question else base
+
+
+@dataclass(frozen=True)
+class Aim:
+    """What a request head was aimed at, read best-effort from its raw bytes (for the record
+    of a refusal). ``name`` is the host as written (normalised when it parses), ``address``
+    set when that is an IP literal, ``path`` already redacted."""
+
+    name: str | None = None
+    port: int | None = None
+    path: str | None = None
+    address: str | None = None
+
+
+_PRINTABLE = re.compile(r"[^!-~]")
+
+
+def aimed_at(raw: bytes) -> Aim:
+    """Read a request head's target as far as it can be read: the request line's target, the
+    first Host header, a CONNECT authority. Never raises, whatever the bytes; the head may be
+    incomplete or malformed (that is why it is being refused)."""
+    end = raw.find(b"\n\r\n")
+    head = raw[: min(MAX_HEAD_BYTES, len(raw) if end == -1 else end)].decode("latin-1")
+    lines = [line.rstrip("\r") for line in head.split("\n")]
+    parts = lines[0].split()
+    target = parts[1] if len(parts) >= 2 else ""
+    host_value = ""
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if colon and name.strip(" \t").lower() == "host":
+            host_value = value.strip(" \t")
+            break
+    scheme = _SCHEME_PREFIX.match(target)
+    default: int | None = None
+    if scheme is not None:
+        rest = target[scheme.end() :]
         cut = min((i for i in (rest.find("/"), rest.find("?")) if i != -1), default=len(rest))
-        text = match.group() + rest[:cut].rpartition("@")[2] + rest[cut:]
-    path, question, query = text.partition("?")
-    if not question:
-        return path
-    parts = []
-    for item in query.split("&"):
-        name, equals, _ = item.partition("=")
-        parts.append(f"{name}=…" if equals else ("…" if item else ""))
-    return f"{path}?{'&'.join(parts)}"
+        authority, path = rest[:cut], rest[cut:] or "/"
+        default = DEFAULT_PORTS.get(scheme.group()[:-3].lower())
+    elif target.startswith("/") or target == "*":
+        authority, path = host_value, target
+    else:  # CONNECT's authority form, or something that is none of the forms
+        authority, path = (target or host_value), None
+    host, port = _split_authority(authority.rpartition("@")[2])
+    shown_path = None if path is None else redact_target(_clean(path, 200))
+    if not host:
+        return Aim(None, port or default, shown_path)
+    try:
+        parsed = parse_host(host)
+    except HostParseError:
+        return Aim(_clean(host.lower(), 253), port or default, shown_path)
+    if isinstance(parsed, IPHost):
+        return Aim(str(parsed.address), port or default, shown_path, str(parsed.address))
+    return Aim(parsed.name, port or default, shown_path)
+
+
+_BYTES_REPR = re.compile(r":? ?(?:bytearray\()?b['\"].*\Z", re.DOTALL)
+
+
+def h11_message(exc: Exception) -> str:
+    """An h11 error's message without the bytes it quotes (``illegal header line:
+    bytearray(b'Authorization: ...')``): those may hold a credential or a query string."""
+    return _BYTES_REPR.sub("", str(exc)) or type(exc).__name__
+
+
+def _split_authority(text: str) -> tuple[str, int | None]:
+    if text.startswith("["):
+        close = text.find("]")
+        host, after = (text, "") if close == -1 else (text[: close + 1], text[close + 1 :])
+        port_text = after[1:] if after.startswith(":") else ""
+    elif text.count(":") > 1:
+        host, port_text = text, ""  # an IPv6 address without brackets: no port to be read
+    else:
+        host, colon, port_text = text.rpartition(":")
+        if not colon:
+            host, port_text = text, ""
+    if port_text.isascii() and port_text.isdigit() and len(port_text) <= 5:
+        port = int(port_text)
+        return host, port if 0 < port < 65536 else None
+    return host, None
+
+
+def _clean(text: str, limit: int) -> str:
+    """Printable ASCII only, and not too long: a log field, not a copy of the bytes."""
+    text = _PRINTABLE.sub("?", text)
+    return text if len(text) <= limit else text[:limit] + "…"

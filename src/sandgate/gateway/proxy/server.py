@@ -32,6 +32,7 @@ from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
 from sandgate.gateway.proxy.tls import Leaves, upstream_context
 from sandgate.net.compile import PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT
 from sandgate.policy.decide import Reason, deny
+from sandgate.policy.requests import names_agree, tls_mode
 
 EXPLICIT_PORT, HTTP_PORT, TLS_PORT = PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT
 SO_ORIGINAL_DST = 80
@@ -226,9 +227,10 @@ class Proxy:
             rec.host, rec.tls = front.name, "inspected"
             self._serve_tls(conn, rec, front.name, (str(front.address), front.port))
             return
-        if name is not None and hello.sni is not None and hello.sni != name.lower().rstrip("."):
+        fronting = names_agree(name, hello.sni, f"CONNECT {name} but SNI {hello.sni}")
+        if fronting is not None:
             rec.host = name
-            rec.decision = deny(Reason.FRONTING, f"CONNECT {name} but SNI {hello.sni}")
+            rec.decision = fronting
             self._refuse(conn, rec)
             return
         target_name = hello.sni or name
@@ -242,7 +244,8 @@ class Proxy:
             self._refuse(conn, rec)
             return
         rec.address = str(judged.address)
-        if target_name is not None and guest.profile.inspects(target_name):
+        if tls_mode(guest.profile, judged.decision, target_name) == "inspect":
+            assert target_name is not None
             self._inspect(conn, rec, target_name, early)
             return
         self._raw(conn, rec, early)
