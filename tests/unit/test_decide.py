@@ -53,7 +53,7 @@ allow = [
   { cidr = "169.254.0.0/16", port = 123, protocol = "udp" },      # allow[2]
   { host = "169.254.170.2", port = 80, name = "ecs metadata" },   # allow[3]
   { cidr = "100.64.0.0/10" },                                     # allow[4]
-  { cidr = "10.201.0.0/16", port = 8080 },                        # allow[5]
+  { cidr = "10.200.0.0/15", port = 8080 },                        # allow[5]
   { host = "fd00::1" },                                           # allow[6]
   { cidr = "2001:db8::/32" },                                     # allow[7]
   { host = "2606:4700::1111" },                                   # allow[8]
