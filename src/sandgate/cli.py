@@ -221,17 +221,38 @@ def explain(
     profile: ProfileOpt = None,
     mode: ModeOpt = None,
     protocol: Annotated[str, typer.Option("--protocol", help="tcp, udp or icmp")] = "tcp",
+    world: Annotated[
+        str | None,
+        typer.Option("--world", help="'test': names and policy as in sandgate's test world"),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Say whether the policy allows each target, by which rule, and why."""
+    import ipaddress
+
     from sandgate.explain import explain as explain_one
+    from sandgate.explain import system_resolve
     from sandgate.policy.load import load_policy
     from sandgate.policy.model import Mode, Protocol
 
+    if world not in (None, "test"):
+        raise typer.BadParameter("the only world is 'test'", param_hint="--world")
+    resolve = system_resolve
+    override: tuple[Any, ...] = ()
+    if world == "test":
+        from importlib import resources
+
+        from sandgate.world import topology
+
+        def resolve(name: str) -> list[Any]:
+            return [ipaddress.ip_address(a) for a in topology.resolve_name(name)]
+
+        override = tuple(ipaddress.ip_network(n) for n in topology.PUBLIC)
+        policy = policy or str(resources.files("sandgate.world").joinpath("testworld.toml"))
     try:
         pol = load_policy(policy)
         m = _mode(mode)
-        prof = pol.profile(profile, mode=Mode(m) if m else None)
+        prof = pol.profile(profile, mode=Mode(m) if m else None, public_override=override)
         proto = Protocol(protocol)
     except SandgateError as exc:
         _fail(exc)
@@ -242,7 +263,7 @@ def explain(
         ) from None
     denied = False
     for target in targets:
-        e = explain_one(prof, target, proto)
+        e = explain_one(prof, target, proto, resolve)
         denied |= e.verdict != "allow"
         if json_out:
             print(json.dumps(e.as_json()))

@@ -81,6 +81,11 @@ def explain(
         out.addresses = [_address(address, d)]
         return out
     name = target.host.name
+    if profile.front(name) is not None:
+        # The gateway answers a fronted name with its own address and serves it itself.
+        return _out(
+            text, decide(profile, Attempt(protocol, None, port, name)), protocol, name, port
+        )
     addresses = resolve(name)
     judged = judge_answers(profile, name, port, addresses, protocol)
     out = _out(text, judged.decision, protocol, host=name, port=port)

@@ -82,6 +82,17 @@ REBIND: dict[str, str] = {
 WILDCARD_ZONES = ("exfil.evil.example",)
 
 
+def resolve_name(name: str) -> list[str]:
+    """What the test world's DNS server answers for ``name`` (A records), without asking it:
+    ``sandgate explain --world test`` judges what a test-world run would see."""
+    name = name.rstrip(".").lower()
+    table = {**HOSTS, **REBIND}
+    if name in table:
+        return [table[name]]
+    zone = next((z for z in WILDCARD_ZONES if name.endswith("." + z)), None)
+    return [HOSTS[zone]] if zone is not None else []
+
+
 @dataclass
 class WorldInfo:
     """What a gateway and sandboxes need to know about a running world."""
