@@ -518,9 +518,9 @@ def test_any_name_text_never_reopens_what_the_address_closes(
     name no rule speaks to is judged by the mode alone."""
     named = decide(profile, replace(attempt, name=text))
     bare = decide(profile, replace(attempt, name=None))
-    if attempt.address is not None and not bare.allowed and bare.reason not in MODE_DENIALS:
-        if profile.front(text) is None:
-            assert not named.allowed, (outcome(bare), outcome(named))
+    closed = not bare.allowed and bare.reason not in MODE_DENIALS
+    if attempt.address is not None and closed and profile.front(text) is None:
+        assert not named.allowed, (outcome(bare), outcome(named))
     looked = decide_name(profile, text)
     if profile.front(text) is None and not any(r.matches_lookup(text) for r in profile.rules()):
         by_mode = {Mode.OPEN: "allow.open", Mode.LOCKED: "deny.locked"}
