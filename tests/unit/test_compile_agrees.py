@@ -1,8 +1,10 @@
 """The nftables ruleset is ``decide()`` compiled: a differential test.
 
 ``Ruleset`` below is a small evaluator for the nft JSON that ``sandgate.net.compile`` emits
-(the inet table: prerouting's DNS redirect, input, forward, the per-guest chains and their
-verdict sites). It follows a new IPv4 packet from a guest link the way the kernel would, and
+(the netdev table: each guest link's anti-spoof ingress chain; the inet table: prerouting's
+DNS redirect, input, forward, the per-guest chains and their verdict sites). It follows a new
+frame from a guest link the way the kernel would (ingress: source MAC, source address,
+ethertype; then routing and the inet hooks), and
 the tests check that the packet reaches its destination exactly when ``decide()`` allows the
 same address-level attempt (no name). The allowlist's ``@pin``/``@pinp`` sets are empty here,
 as they are before any allowed name was resolved, so allowlist mode must deny everything
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from typing import Any
 
@@ -28,6 +30,7 @@ from hypothesis import strategies as st
 
 from sandgate.net.compile import (
     PROXY_HTTP_PORT,
+    PROXY_PORTS,
     PROXY_TLS_PORT,
     GuestLink,
     Site,
@@ -56,6 +59,11 @@ class Packet:
     proto: str  # "tcp" | "udp" | "icmp"
     dport: int | None  # None for ICMP
     iifname: str = LINK.ifname
+    name: str | None = None  # the name the proxy reads (SNI, Host), for decide() only
+    # Layer 2, as the guest link's netdev ingress sees the frame.
+    saddr: IPv4Address = LINK.guest  # the IPv4 source, or an ARP packet's sender address
+    smac: str = LINK.mac
+    ethertype: str = "ip"  # "ip" | "arp" | "ip6" | "vlan" ...
 
 
 @dataclass(frozen=True)
@@ -79,17 +87,18 @@ class Unknown(AssertionError):
 
 
 class Ruleset:
-    """The inet table of a list of nft JSON commands, evaluated for one packet at a time."""
+    """One family's table (inet, or netdev for the links' ingress) of a list of nft JSON
+    commands, evaluated for one packet at a time."""
 
-    def __init__(self, cmds: Iterable[Json]) -> None:
+    def __init__(self, cmds: Iterable[Json], family: str = "inet") -> None:
         self.chains: dict[str, Chain] = {}
         self.sets: dict[str, list[Any]] = {}
         self.maps: dict[str, dict[str, Json]] = {}
         for cmd in cmds:
             ((op, body),) = cmd.items()
             ((kind, spec),) = body.items()
-            if spec.get("family") != "inet" or op != "add":
-                continue  # the netdev table (L2 checks), deletes of a fresh table
+            if spec.get("family") != family or op != "add":
+                continue  # the other family's table, deletes of a fresh table
             if kind == "chain":
                 self.chains[spec["name"]] = Chain(policy=spec.get("policy"))
             elif kind == "rule":
@@ -191,7 +200,13 @@ class Ruleset:
             if field_ == ("ip", "daddr"):
                 return pkt.daddr
             if field_ == ("ip", "saddr"):
-                return LINK.guest
+                return pkt.saddr if pkt.ethertype == "ip" else None
+            if field_ == ("arp", "saddr ip"):
+                return pkt.saddr if pkt.ethertype == "arp" else None
+            if field_ == ("ether", "saddr"):
+                return pkt.smac
+            if field_ == ("ether", "type"):
+                return pkt.ethertype
             if field_ == ("th", "dport"):
                 return pkt.dport
         elif key == "meta":
@@ -261,15 +276,24 @@ class Compiled:
     profile: Profile
     ruleset: Ruleset
     sites: dict[str, Site]  # by verdict chain name
+    ingress: Ruleset  # the netdev table: each guest link's anti-spoof chain
 
     @classmethod
     def of(cls, profile: Profile) -> Compiled:
         base, base_sites = base_ruleset(UPLINK, POOL, public_override=profile.public_override)
         guest, guest_sites = guest_add(LINK, profile)
         sites = {s.counter.removeprefix("c_"): s for s in {**base_sites, **guest_sites}.values()}
-        return cls(profile, Ruleset(base + guest), sites)
+        cmds = base + guest
+        return cls(profile, Ruleset(cmds), sites, Ruleset(cmds, "netdev"))
+
+    def link_ingress(self, pkt: Packet) -> Verdict:
+        """The netdev ingress chain of the guest link the frame arrives on."""
+        return self.ingress.run_base(f"ing_{pkt.iifname}", pkt, {LINK.gateway})
 
     def kernel(self, pkt: Packet) -> tuple[bool, Verdict]:
+        at_l2 = self.link_ingress(pkt)
+        if at_l2.kind != "accept":
+            return False, at_l2
         reached, verdict = self.ruleset.judge(pkt, {LINK.gateway})
         if verdict.kind == "proxy":
             assert reached, f"{pkt}: web traffic does not reach the proxy"
@@ -278,7 +302,7 @@ class Compiled:
 
     def decide(self, pkt: Packet) -> Decision:
         port = pkt.dport if pkt.proto != "icmp" else None
-        return decide(self.profile, Attempt(Protocol(pkt.proto), pkt.daddr, port))
+        return decide(self.profile, Attempt(Protocol(pkt.proto), pkt.daddr, port, pkt.name))
 
     def check(self, pkt: Packet) -> None:
         reached, verdict = self.kernel(pkt)
@@ -292,17 +316,7 @@ class Compiled:
 
 
 def with_gateway(profile: Profile) -> Profile:
-    return Profile(
-        profile.name,
-        profile.mode,
-        profile.allow,
-        profile.deny,
-        profile.inspect,
-        profile.secrets,
-        profile.public_override,
-        POOL,
-        LINK.gateway,
-    )
+    return replace(profile, guest_pool=POOL, gateway_address=LINK.gateway)
 
 
 POLICY = parse_policy(
@@ -321,6 +335,7 @@ allow = [
   { cidr = "140.82.112.0/20", port = [22, "9418-9420"] },
   { cidr = "203.0.113.0/24", port = 443 },
 ]
+front = [ { name = "models.lan", upstream = "http://10.77.0.10:8000" } ]
 deny = [
   { domain = "gist.github.com" },
   { cidr = "10.77.0.0/24", port = 22 },
@@ -340,6 +355,7 @@ allow = [
   { host = "fd00::1" },
   { host = "::ffff:192.168.1.20", port = 631 },
 ]
+front = [ { name = "printer.lan", upstream = "http://192.168.1.20:631" } ]
 deny = [ { cidr = "0.0.0.0/0", port = 25 } ]
 """,
     "policy.toml",
@@ -375,7 +391,7 @@ def edge_addresses(profile: Profile) -> list[IPv4Address]:
 
 
 def interesting_ports(profile: Profile) -> list[int]:
-    ports = {1, 22, 25, 53, 80, 123, 443, 631, 853, 8000, 8080, 9418, 65535}
+    ports = {1, 22, 25, 53, 80, 123, 443, 631, 853, 8000, 8080, 9418, 65535, *PROXY_PORTS}
     for rule in profile.rules():
         for low, high in rule.spec.ports:
             ports |= {p for p in (low - 1, low, high, high + 1) if 1 <= p <= 65535}
@@ -389,6 +405,12 @@ def packets(profile: Profile) -> Iterator[Packet]:
         for proto in ("tcp", "udp"):
             for port in ports:
                 yield Packet(address, proto, port)
+    # A fronted name, as the proxy reads it, to the gateway: only its TLS port is the front's.
+    for front in profile.fronts:
+        yield Packet(LINK.gateway, "icmp", None, name=front.name)
+        for proto in ("tcp", "udp"):
+            for port in ports:
+                yield Packet(LINK.gateway, proto, port, name=front.name)
 
 
 @pytest.mark.parametrize("name", list(NAMED_PROFILES))
@@ -410,9 +432,12 @@ def site_says(compiled: Compiled, pkt: Packet) -> tuple[str, str | None]:
         d = compiled.decide(pkt)
         return d.reason.key, d.rule_ref
     site = compiled.sites.get(verdict.site or "")
-    if site is None:  # the own resolver is a plain accept in the input chain
-        assert reached and pkt.daddr == LINK.gateway and pkt.dport == 53, verdict
-        return "allow.gateway_dns", None
+    if site is None:  # the own resolver and proxy are plain accepts in the input chain
+        assert reached and pkt.daddr == LINK.gateway, verdict
+        if pkt.dport == 53:
+            return "allow.gateway_dns", None
+        assert pkt.proto == "tcp" and pkt.dport in PROXY_PORTS, (pkt, verdict)
+        return "allow.gateway_proxy", None
     return site.reason, site.rule
 
 
@@ -493,6 +518,104 @@ def test_the_evaluator_follows_the_sites() -> None:
     assert where("1.1.1.1", "tcp", 853) == (False, "deny.dns_bypass", None)
     assert where("1.1.1.1", "tcp", 8443) == (True, "allow.open", None)
     assert where("1.1.1.1", "tcp", 443) == (True, "allow.open", None)  # then the TLS gate
+
+
+# -- the guest link's netdev ingress: only the guest's own IPv4 and ARP ---------------------
+
+PUBLIC = IPv4Address("93.184.215.14")
+OTHER_MAC = "02:00:00:00:00:06"
+LINK_ADDRESSES = list(LINK.subnet)  # the /30: network, gateway, guest, broadcast
+assert LINK_ADDRESSES[2] == LINK.guest
+
+
+@pytest.mark.parametrize(
+    ("pkt", "expected"),
+    [
+        pytest.param(Packet(PUBLIC, "tcp", 443), ("accept", None), id="own"),
+        pytest.param(
+            Packet(PUBLIC, "tcp", 443, saddr=LINK.gateway), ("drop", "deny.spoof_ip"), id="gw"
+        ),
+        pytest.param(
+            Packet(LINK.gateway, "udp", 53, saddr=LINK.gateway),
+            ("drop", "deny.spoof_ip"),
+            id="gw-to-itself",
+        ),
+        pytest.param(
+            Packet(PUBLIC, "tcp", 443, saddr=LINK_ADDRESSES[0]),
+            ("drop", "deny.spoof_ip"),
+            id="link-network",
+        ),
+        pytest.param(
+            Packet(PUBLIC, "tcp", 443, saddr=LINK_ADDRESSES[3]),
+            ("drop", "deny.spoof_ip"),
+            id="link-broadcast",
+        ),
+        pytest.param(
+            Packet(PUBLIC, "udp", 9, saddr=IPv4Address("10.201.0.26")),
+            ("drop", "deny.spoof_ip"),
+            id="other-guest",
+        ),
+        pytest.param(
+            Packet(PUBLIC, "udp", 67, saddr=IPv4Address("0.0.0.0")),
+            ("drop", "deny.spoof_ip"),
+            id="unspecified",
+        ),
+        pytest.param(
+            Packet(PUBLIC, "tcp", 443, smac=OTHER_MAC), ("drop", "deny.spoof_mac"), id="mac"
+        ),
+        pytest.param(
+            Packet(PUBLIC, "tcp", 443, saddr=LINK.gateway, smac=OTHER_MAC),
+            ("drop", "deny.spoof_mac"),
+            id="mac-and-ip",
+        ),
+        pytest.param(Packet(PUBLIC, "tcp", 443, ethertype="ip6"), ("drop", "deny.ipv6"), id="ipv6"),
+        pytest.param(
+            Packet(PUBLIC, "tcp", 443, ethertype="vlan"), ("drop", "deny.ethertype"), id="vlan"
+        ),
+        pytest.param(
+            Packet(LINK.gateway, "icmp", None, ethertype="arp"), ("accept", None), id="arp-own"
+        ),
+        pytest.param(
+            Packet(LINK.guest, "icmp", None, saddr=LINK.gateway, ethertype="arp"),
+            ("drop", "deny.spoof_arp"),
+            id="arp-as-gw",
+        ),
+        pytest.param(
+            Packet(LINK.gateway, "icmp", None, saddr=LINK_ADDRESSES[3], ethertype="arp"),
+            ("drop", "deny.spoof_arp"),
+            id="arp-as-broadcast",
+        ),
+        pytest.param(
+            Packet(LINK.gateway, "icmp", None, smac=OTHER_MAC, ethertype="arp"),
+            ("drop", "deny.spoof_mac"),
+            id="arp-other-mac",
+        ),
+    ],
+)
+def test_link_ingress_admits_only_the_guests_own_ipv4_and_arp(
+    pkt: Packet, expected: tuple[str, str | None]
+) -> None:
+    compiled = Compiled.of(NAMED_PROFILES["coder-open"])
+    got = compiled.link_ingress(pkt)
+    site = compiled.sites.get(got.site or "")
+    assert (got.kind, site.reason if site else None) == expected
+    if site is not None:
+        assert site.guest == f"{LINK.ifname}/l2" and site.verdict == "deny"
+
+
+@pytest.mark.parametrize("name", ["coder-open", "exemptions-open"])
+def test_a_spoofed_source_reaches_nothing(name: str) -> None:
+    """Everything an open profile lets the guest reach, sent from another address of its /30
+    (the gateway's own among them) or from outside it, is dropped before routing."""
+    compiled = Compiled.of(NAMED_PROFILES[name])
+    spoofed = [a for a in LINK_ADDRESSES if a != LINK.guest] + [IPv4Address("10.201.0.26")]
+    reached = 0
+    for pkt in packets(compiled.profile):
+        reached += compiled.kernel(pkt)[0]
+        for saddr in spoofed:
+            got = compiled.kernel(replace(pkt, saddr=saddr))
+            assert not got[0] and compiled.sites[got[1].site or ""].reason == "deny.spoof_ip"
+    assert reached > 100  # the packets reach plenty from the guest's own address
 
 
 # -- random profiles -------------------------------------------------------------------------
