@@ -1,49 +1,37 @@
 """The nftables ruleset is ``decide()`` compiled: a differential test.
 
-``Ruleset`` below is a small evaluator for the nft JSON that ``sandgate.net.compile`` emits
-(the netdev table: each guest link's anti-spoof ingress chain; the inet table: prerouting's
-DNS redirect, input, forward, the per-guest chains and their verdict sites). It follows a new
-frame from a guest link the way the kernel would (ingress: source MAC, source address,
-ethertype; then routing and the inet hooks), and
-the tests check that the packet reaches its destination exactly when ``decide()`` allows the
-same address-level attempt (no name). The allowlist's ``@pin``/``@pinp`` sets are empty here,
-as they are before any allowed name was resolved, so allowlist mode must deny everything
-``decide()`` answers with ``deny.not_allowlisted``.
+``tests/nfteval.py`` evaluates the nft JSON that ``sandgate.net.compile`` emits: it follows a
+new frame from a guest link the way the kernel would (the link's netdev ingress: source MAC,
+source address, ethertype; then the inet table: prerouting's redirects, input, forward, the
+per-guest chains and their verdict sites). The tests check that the packet reaches its
+destination exactly when ``decide()`` allows the same address-level attempt (no name, but for
+fronted names to the gateway). The allowlist's ``@pin``/``@pinp`` sets are empty here, as they
+are before any allowed name was resolved, so allowlist mode must deny everything ``decide()``
+answers with ``deny.not_allowlisted``.
 
 The evaluator refuses any expression it does not know, so a new shape of rule in compile.py
-fails here loudly instead of being skipped. Routing subtleties the ruleset relies on but does
-not express (127/8 martians, broadcast and multicast delivered locally) are out of scope: only
-the guest's own gateway address is local here.
+fails here loudly instead of being skipped; what it leaves out is listed in its docstring.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandgate.net.compile import (
-    PROXY_HTTP_PORT,
-    PROXY_PORTS,
-    PROXY_TLS_PORT,
-    GuestLink,
-    Site,
-    base_ruleset,
-    guest_add,
-)
+from sandgate.net.compile import PROXY_PORTS, GuestLink, Site, base_ruleset, guest_add
 from sandgate.policy.classify import BLOCKS
 from sandgate.policy.decide import Attempt, Decision, decide
 from sandgate.policy.load import parse_policy
 from sandgate.policy.model import IPNetwork, Mode, Protocol, RuleSpec
 from sandgate.policy.profile import Profile, Rule
+from tests.nfteval import Nft, Packet, Sets, Verdict
 
-Json = dict[str, Any]
 POOL = IPv4Network("10.201.0.0/16")
 LINK = GuestLink.from_pool(POOL, 5, "02:00:00:00:00:05")  # g5: gateway .21, guest .22
 UPLINK = "up0"
@@ -53,248 +41,30 @@ TEST_INTERNET: tuple[IPNetwork, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Packet:
-    daddr: IPv4Address
-    proto: str  # "tcp" | "udp" | "icmp"
-    dport: int | None  # None for ICMP
-    iifname: str = LINK.ifname
-    name: str | None = None  # the name the proxy reads (SNI, Host), for decide() only
-    # Layer 2, as the guest link's netdev ingress sees the frame.
-    saddr: IPv4Address = LINK.guest  # the IPv4 source, or an ARP packet's sender address
-    smac: str = LINK.mac
-    ethertype: str = "ip"  # "ip" | "arp" | "ip6" | "vlan" ...
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str  # "accept" | "drop" | "reject" | "redirect"
-    site: str | None  # the verdict chain (or inline mark) that decided, if any
-
-
-@dataclass
-class Chain:
-    rules: list[list[Json]] = field(default_factory=list)
-    policy: str | None = None  # base chains only
-
-    def is_site(self, name: str) -> bool:
-        """compile.py's verdict chains open with their own named counter."""
-        return bool(self.rules) and self.rules[0] == [{"counter": f"c_{name}"}]
-
-
-class Unknown(AssertionError):
-    """compile.py emitted something this evaluator does not understand."""
-
-
-class Ruleset:
-    """One family's table (inet, or netdev for the links' ingress) of a list of nft JSON
-    commands, evaluated for one packet at a time."""
-
-    def __init__(self, cmds: Iterable[Json], family: str = "inet") -> None:
-        self.chains: dict[str, Chain] = {}
-        self.sets: dict[str, list[Any]] = {}
-        self.maps: dict[str, dict[str, Json]] = {}
-        for cmd in cmds:
-            ((op, body),) = cmd.items()
-            ((kind, spec),) = body.items()
-            if spec.get("family") != family or op != "add":
-                continue  # the other family's table, deletes of a fresh table
-            if kind == "chain":
-                self.chains[spec["name"]] = Chain(policy=spec.get("policy"))
-            elif kind == "rule":
-                self.chains[spec["chain"]].rules.append(spec["expr"])
-            elif kind == "set":
-                self.sets[spec["name"]] = list(spec.get("elem", []))
-            elif kind == "map":
-                self.maps[spec["name"]] = {}
-            elif kind == "element":
-                if spec["name"] in self.maps:
-                    for key, verdict in spec["elem"]:
-                        self.maps[spec["name"]][key] = verdict
-                else:
-                    self.sets[spec["name"]] += spec["elem"]
-            elif kind not in ("table", "counter"):
-                raise Unknown(f"add {kind}")
-
-    # -- the path of a new packet from a guest ---------------------------------------------
-
-    def judge(self, pkt: Packet, local: set[IPv4Address]) -> tuple[bool, Verdict]:
-        """Does the packet reach ``pkt.daddr``? And which verdict said so."""
-        self.last_mark: str | None = None  # an inline logging site passed on the way
-        pre = self.run_base("prerouting", pkt, local)
-        if pre.kind == "redirect" and pkt.proto == "tcp" and pkt.dport in PROXIED:
-            # Web traffic goes to the proxy's listener on the gateway, which judges it with
-            # decide() (and the name, when there is one): the kernel's part is to get it there.
-            into = Packet(LINK.gateway, "tcp", PROXIED[pkt.dport], pkt.iifname)
-            got = self.run_base("input", into, local)
-            return got.kind == "accept", Verdict("proxy", None)
-        if pre.kind == "redirect":
-            # To the gateway's own resolver, whatever server the guest asked.
-            into = Packet(LINK.gateway, pkt.proto, pkt.dport, pkt.iifname)
-            got = self.run_base("input", into, local)
-            reached = got.kind == "accept" and pkt.daddr == LINK.gateway
-            return reached, got if reached else pre
-        hook = "input" if pkt.daddr in local else "forward"
-        got = self.run_base(hook, pkt, local)
-        return got.kind == "accept", got
-
-    def run_base(self, name: str, pkt: Packet, local: set[IPv4Address]) -> Verdict:
-        got = self.run(name, pkt, local, None)
-        if got is not None:
-            return got
-        policy = self.chains[name].policy
-        assert policy is not None, f"{name} is not a base chain"
-        return Verdict(policy, None)
-
-    def run(
-        self, name: str, pkt: Packet, local: set[IPv4Address], site: str | None
-    ) -> Verdict | None:
-        if self.chains[name].is_site(name):
-            site = name
-        for expr in self.chains[name].rules:
-            got = self.rule(expr, pkt, local, site)
-            if got is not None:
-                return got
-        return None
-
-    def rule(
-        self, expr: list[Json], pkt: Packet, local: set[IPv4Address], site: str | None
-    ) -> Verdict | None:
-        for stmt in expr:
-            ((key, arg),) = stmt.items()
-            if key == "match":
-                if not self.match(arg, pkt, local):
-                    return None
-            elif key == "limit":
-                if arg.get("inv"):  # "over the rate": never, here; the next rule logs
-                    return None
-            elif key == "counter":
-                if isinstance(arg, str) and arg.startswith("c_mark_"):
-                    self.last_mark = arg.removeprefix("c_")  # e.g. the DNS redirect's log
-            elif key in ("log", "mangle"):
-                pass
-            elif key in ("jump", "goto"):
-                got = self.run(arg["target"], pkt, local, site)
-                if got is not None:
-                    return got
-                if key == "goto":
-                    raise Unknown(f"goto {arg['target']} fell through")
-            elif key == "vmap":
-                target = self.maps[arg["data"].lstrip("@")].get(self.value(arg["key"], pkt, local))
-                if target is not None:
-                    return self.rule([target], pkt, local, site)
-            elif key in ("accept", "drop", "reject"):
-                return Verdict(key, site)
-            elif key == "redirect":
-                return Verdict(key, site or self.last_mark)
-            elif key == "masquerade":
-                return None
-            else:
-                raise Unknown(f"statement {stmt}")
-        return None
-
-    def value(self, left: Json, pkt: Packet, local: set[IPv4Address]) -> Any:
-        ((key, arg),) = left.items()
-        if key == "payload":
-            field_ = (arg["protocol"], arg["field"])
-            if field_ == ("ip", "daddr"):
-                return pkt.daddr
-            if field_ == ("ip", "saddr"):
-                return pkt.saddr if pkt.ethertype == "ip" else None
-            if field_ == ("arp", "saddr ip"):
-                return pkt.saddr if pkt.ethertype == "arp" else None
-            if field_ == ("ether", "saddr"):
-                return pkt.smac
-            if field_ == ("ether", "type"):
-                return pkt.ethertype
-            if field_ == ("th", "dport"):
-                return pkt.dport
-        elif key == "meta":
-            return {
-                "l4proto": pkt.proto,
-                "iifname": pkt.iifname,
-                "iif": pkt.iifname,
-                "nfproto": "ipv4",
-            }[arg["key"]]
-        elif key == "ct":
-            return {"state": "new", "mark": 0}[arg["key"]]
-        elif key == "&":
-            a, b = arg
-            return self.value(a, pkt, local) & b
-        elif key == "fib" and arg == {"result": "type", "flags": ["daddr"]}:
-            return "local" if pkt.daddr in local else "unicast"
-        elif key == "concat":
-            return tuple(self.value(part, pkt, local) for part in arg)
-        raise Unknown(f"value {left}")
-
-    def match(self, m: Json, pkt: Packet, local: set[IPv4Address]) -> bool:
-        value = self.value(m["left"], pkt, local)
-        right, op = m["right"], m["op"]
-        if isinstance(right, str) and right.startswith("@"):
-            hit = any(_elem_has(e, value) for e in self.sets[right[1:]])
-        elif isinstance(right, dict) and "set" in right:
-            hit = any(_elem_has(e, value) for e in right["set"])
-        elif isinstance(right, list) and op == "in":
-            hit = value in right
-        else:
-            hit = _elem_has(right, value)
-        if op in ("==", "in"):
-            return hit
-        if op == "!=":
-            return not hit
-        raise Unknown(f"op {op}")
-
-
-def _elem_has(elem: Any, value: Any) -> bool:
-    if value is None:
-        return False  # e.g. th dport of an ICMP packet
-    if isinstance(elem, dict) and "prefix" in elem:
-        net = IPv4Network((elem["prefix"]["addr"], elem["prefix"]["len"]))
-        return isinstance(value, IPv4Address) and value in net
-    if isinstance(elem, dict) and "range" in elem:
-        low, high = elem["range"]
-        return bool(low <= value <= high)
-    if isinstance(elem, dict) and "concat" in elem:
-        return isinstance(value, tuple) and tuple(elem["concat"]) == value
-    if isinstance(value, IPv4Address):
-        return isinstance(elem, str) and IPv4Address(elem) == value
-    if isinstance(elem, str) and elem.endswith("*") and isinstance(value, str):
-        return value.startswith(elem[:-1])  # nft's ifname wildcard "g*"
-    if isinstance(elem, str | int):
-        return bool(elem == value)
-    raise Unknown(f"set element {elem}")
-
-
-PROXIED = {80: PROXY_HTTP_PORT, 443: PROXY_TLS_PORT}
-
-
 # -- the compiled ruleset of one profile, and the two verdicts -----------------------------
 
 
 @dataclass
 class Compiled:
     profile: Profile
-    ruleset: Ruleset
-    sites: dict[str, Site]  # by verdict chain name
-    ingress: Ruleset  # the netdev table: each guest link's anti-spoof chain
+    nft: Nft  # the ruleset of the profile's guest, seen from its link
 
     @classmethod
-    def of(cls, profile: Profile) -> Compiled:
+    def of(cls, profile: Profile, sets: Sets | None = None) -> Compiled:
         base, base_sites = base_ruleset(UPLINK, POOL, public_override=profile.public_override)
         guest, guest_sites = guest_add(LINK, profile)
-        sites = {s.counter.removeprefix("c_"): s for s in {**base_sites, **guest_sites}.values()}
-        cmds = base + guest
-        return cls(profile, Ruleset(cmds), sites, Ruleset(cmds, "netdev"))
+        return cls(profile, Nft(base + guest, {**base_sites, **guest_sites}, LINK, sets))
+
+    @property
+    def sites(self) -> dict[str, Site]:
+        """By verdict chain name."""
+        return self.nft.sites
 
     def link_ingress(self, pkt: Packet) -> Verdict:
-        """The netdev ingress chain of the guest link the frame arrives on."""
-        return self.ingress.run_base(f"ing_{pkt.iifname}", pkt, {LINK.gateway})
+        return self.nft.ingress(pkt)
 
     def kernel(self, pkt: Packet) -> tuple[bool, Verdict]:
-        at_l2 = self.link_ingress(pkt)
-        if at_l2.kind != "accept":
-            return False, at_l2
-        reached, verdict = self.ruleset.judge(pkt, {LINK.gateway})
+        reached, verdict = self.nft.trace(pkt)
         if verdict.kind == "proxy":
             assert reached, f"{pkt}: web traffic does not reach the proxy"
             return self.decide(pkt).allowed, verdict
