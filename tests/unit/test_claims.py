@@ -744,3 +744,36 @@ def test_exports() -> None:
         "extract_claims",
         "flagged",
     ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "hedge", "events"),
+    [
+        (
+            "The latest release of Ollama is probably v0.40.11.",
+            "probably",
+            [*MODEL, http("api.github.com", "/repos/ollama/ollama/releases/latest", 200, 90)],
+        ),
+        (
+            "I think the latest version is v0.40.11.",
+            "I think",
+            [*MODEL, http("api.github.com", "/repos/ollama/ollama/releases/latest", 200, 90)],
+        ),
+        (
+            "I fetched https://example.com/; its HTTP status is likely 200.",
+            "likely",
+            [*MODEL, dns("example.com", (EXAMPLE_IP,)), http("example.com", "/", 200, 1256)],
+        ),
+    ],
+)
+def test_a_supported_guess_is_still_a_guess(answer: str, hedge: str, events: list[Event]) -> None:
+    """Open mode, and the traffic would bear the claim out: a hedged claim is still reported
+    as a guess (not checkable), never as a fact the session supports."""
+    findings = check_claims(answer, evidence(events))
+    hedged = [f for f in findings if f.claim.hedge]
+    assert [f.claim.hedge for f in hedged] == [hedge]
+    (f,) = hedged
+    assert f.verdict is Verdict.NOT_CHECKABLE
+    assert f.evidence.startswith(f"Hedged ({hedge!r}): a guess, not a claim of fact.")
+    assert "As a claim it would be supported" in f.evidence
+    assert f.events  # the evidence that would support it is still shown

@@ -39,6 +39,8 @@ allow = [
   { host = "1.0.0.1", port = 443, protocol = "udp" },             # allow[5]
   { cidr = "140.82.112.0/20", port = 22 },                        # allow[6]
 ]
+# The gateway offers the LAN model server over TLS as models.lan on its own address.
+front = [ { name = "models.lan", upstream = "http://10.77.0.10:8000" } ]
 deny = [
   { domain = "gist.github.com", name = "no pastebins" },          # deny[0]
   { cidr = "10.77.0.0/24", port = 22, name = "no ssh on the lan" },  # deny[1]
@@ -148,6 +150,15 @@ CODER_TABLE = [
     ("gateway-ssh", att(TCP, "10.201.0.21", 22), same("deny.gateway")),
     ("gateway-ping", att(ICMP, "10.201.0.21"), same("deny.gateway")),
     ("gateway-mapped", att(TCP, mapped("10.201.0.21"), 80), same("deny.gateway")),
+    # ... but for its proxy, on TCP only: nothing listens on UDP there.
+    ("gateway-proxy-explicit", att(TCP, "10.201.0.21", 3128), same("allow.gateway_proxy")),
+    ("gateway-proxy-http", att(TCP, "10.201.0.21", 15080), same("allow.gateway_proxy")),
+    ("gateway-proxy-tls", att(TCP, "10.201.0.21", 15443), same("allow.gateway_proxy")),
+    ("gateway-proxy-mapped", att(TCP, mapped("10.201.0.21"), 3128), same("allow.gateway_proxy")),
+    ("gateway-next-to-proxy", att(TCP, "10.201.0.21", 3129), same("deny.gateway")),
+    ("gateway-proxy-port-udp", att(UDP, "10.201.0.21", 3128), same("deny.gateway")),
+    ("gateway-proxy-tls-udp", att(UDP, "10.201.0.21", 15443), same("deny.gateway")),
+    ("other-guests-proxy", att(TCP, "10.201.0.25", 3128), same("deny.lateral")),
     ("other-guest", att(TCP, "10.201.0.26", 8080), same("deny.lateral")),
     ("other-guests-gateway", att(TCP, "10.201.0.25", 80), same("deny.lateral")),
     ("pool-edge-low", att(TCP, "10.201.0.0", 80), same("deny.lateral")),
@@ -249,6 +260,16 @@ CODER_TABLE = [
         same("allow.exempt coder.allow[0]"),
     ),
     ("name-to-guest-pool", att(TCP, "10.201.0.26", 443, "pypi.org"), same("deny.lateral")),
+    # ... a front: the gateway answers the name itself, on its own address and TLS port only.
+    ("front-lookup", att(UDP, None, None, "models.lan"), same("allow.front")),
+    ("front-on-gateway-443", att(TCP, "10.201.0.21", 443, "models.lan"), same("allow.front")),
+    ("front-on-gateway-no-port", att(TCP, "10.201.0.21", None, "models.lan"), same("allow.front")),
+    ("front-on-gateway-ssh", att(TCP, "10.201.0.21", 22, "models.lan"), same("deny.gateway")),
+    ("front-on-gateway-80", att(TCP, "10.201.0.21", 80, "models.lan"), same("deny.gateway")),
+    ("front-on-gateway-quic", att(UDP, "10.201.0.21", 443, "models.lan"), same("deny.gateway")),
+    ("front-on-gateway-ping", att(ICMP, "10.201.0.21", None, "models.lan"), same("deny.gateway")),
+    ("front-name-elsewhere", att(TCP, "93.184.215.14", 443, "models.lan"), MODE_ONLY),
+    ("front-name-other-guest", att(TCP, "10.201.0.25", 443, "models.lan"), same("deny.lateral")),
     # 9. the mode: covered by MODE_ONLY rows above.
 ]
 
@@ -468,20 +489,42 @@ attempts = st.builds(Attempt, protocols, addresses, ports, names)
 profiles = st.sampled_from(PROFILES)
 
 
+# The reasons that name the rule that decided; every other decision names none.
+RULE_REASONS = {Reason.RULE_ALLOW, Reason.RULE_DENY, Reason.EXEMPT}
+# The reasons whose key is refined by the address's class (``deny.private``).
+CLASS_REASONS = {Reason.SPECIAL, Reason.REBINDING, Reason.EXEMPT}
+# What the mode alone refuses: an allow rule for the name may still open it.
+MODE_DENIALS = {Reason.LOCKED, Reason.NOT_ALLOWLISTED}
+
+
 @settings(max_examples=1500)
 @given(profiles, attempts)
 def test_decide_is_total(profile: Profile, attempt: Attempt) -> None:
     d = decide(profile, attempt)
-    assert d.verdict in (Verdict.ALLOW, Verdict.DENY)
     assert d.key.startswith(d.verdict.value + ".")
+    # A log line names a rule exactly when one decided, and it is a rule of this profile.
+    assert (d.rule is not None) == (d.reason in RULE_REASONS), outcome(d)
     if d.rule is not None:
-        assert d.rule.action == d.verdict.value or d.reason is Reason.RULE_DENY
+        assert d.rule in profile.rules() and d.rule.action == d.verdict.value, outcome(d)
+    if d.reason in CLASS_REASONS:
+        assert d.classification is not None and d.classification.special, outcome(d)
 
 
 @given(profiles, attempts, st.text(max_size=40))
-def test_decide_is_total_for_any_name_text(profile: Profile, attempt: Attempt, text: str) -> None:
-    decide(profile, replace(attempt, name=text))
-    decide_name(profile, text)
+def test_any_name_text_never_reopens_what_the_address_closes(
+    profile: Profile, attempt: Attempt, text: str
+) -> None:
+    """Whatever text a client puts in SNI or Host, the address-level steps still hold, and a
+    name no rule speaks to is judged by the mode alone."""
+    named = decide(profile, replace(attempt, name=text))
+    bare = decide(profile, replace(attempt, name=None))
+    closed = not bare.allowed and bare.reason not in MODE_DENIALS
+    if attempt.address is not None and closed and profile.front(text) is None:
+        assert not named.allowed, (outcome(bare), outcome(named))
+    looked = decide_name(profile, text)
+    if profile.front(text) is None and not any(r.matches_lookup(text) for r in profile.rules()):
+        by_mode = {Mode.OPEN: "allow.open", Mode.LOCKED: "deny.locked"}
+        assert looked.key == by_mode.get(profile.mode, "deny.not_allowlisted"), outcome(looked)
 
 
 def matching_deny_rule(attempt: Attempt, by_name: bool) -> Rule:

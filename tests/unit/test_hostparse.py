@@ -6,7 +6,7 @@ import re
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sandgate.policy.classify import AddressClass, classify
@@ -455,10 +455,36 @@ def test_parse_host_never_crashes(text: str) -> None:
         assert parse_host(str(host.address)) == IPHost(host.address, str(host.address))
 
 
+@example("example.com:0443")
+@example("example.com:65535")
+@example("[2001:db8::1]:8080")
+@example("2001:db8::1")
+@example("https://u:p@[::ffff:10.0.0.1]/x")
+@example("0x7f.1:80")
 @given(st.one_of(st.text(max_size=60), _ODD, _ODD.map(lambda s: "http://" + s)))
 def test_parse_target_never_crashes(text: str) -> None:
     try:
         target = parse_target(text)
     except HostParseError:
         return
-    assert target.port is None or 1 <= target.port <= 65535
+    # What was read is what a plain rendering of it reads as: host and port survive.
+    again = parse_target(_render(target))
+    assert (_host_key(again.host), again.port) == (_host_key(target.host), target.port)
+    if target.scheme is None:
+        # Without a scheme only an explicit ":port" gives a port, and it is the last one.
+        explicit = text.count(":") == 1 or (text.startswith("[") and "]:" in text)
+        assert (target.port is not None) == explicit, target
+        if explicit:
+            assert target.port == int(text.rpartition(":")[2])
+
+
+def _host_key(host: IPHost | NameHost) -> str:
+    return host.name if isinstance(host, NameHost) else str(host.address)
+
+
+def _render(target: Target) -> str:
+    host = target.host
+    text = host.name if isinstance(host, NameHost) else str(host.address)
+    if isinstance(host, IPHost) and host.address.version == 6:
+        text = f"[{text}]"
+    return text if target.port is None else f"{text}:{target.port}"

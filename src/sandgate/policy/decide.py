@@ -141,9 +141,14 @@ def decide(profile: Profile, attempt: Attempt) -> Decision:
 
     front = profile.front(attempt.name)
     if front is not None and (
-        address is None or (address == profile.gateway_address and attempt.port in (443, None))
+        address is None
+        or (
+            address == profile.gateway_address
+            and attempt.protocol is Protocol.TCP
+            and attempt.port in (443, None)
+        )
     ):
-        # The gateway answers this name itself and serves it over TLS on its own address.
+        # The gateway answers this name itself and serves it over TLS (TCP) on its own address.
         return allow(Reason.FRONT, detail=f"{front.name} → http://{front.address}:{front.port}")
 
     if address is not None:

@@ -1,0 +1,140 @@
+"""The nft JSON evaluator itself (tests/nfteval.py): pinned sets, concatenations, ranges.
+
+An allowlist profile's forward chain ends in ``@pin_g5`` (any port) and ``@pinp_g5``
+(address . protocol . port) lookups; these tests fill them the ways the resolver does
+(``pin_elements``) and the ways a test may (plain elements, ranges inside a concatenation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+import pytest
+
+from sandgate.net.compile import GuestLink, base_ruleset, guest_add, pin_elements
+from sandgate.policy.load import parse_policy
+from sandgate.policy.model import Mode, Protocol
+from sandgate.policy.profile import Profile
+from tests.nfteval import Nft, Packet, Unknown, elem_has, evaluate
+
+POOL = IPv4Network("10.201.0.0/16")
+LINK = GuestLink.from_pool(POOL, 5, "02:00:00:00:00:05")
+PROFILE = parse_policy(
+    b"""
+[profiles.p]
+internet = "allowlist"
+allow = [ { domain = "pypi.org" }, { domain = "*.github.com", port = 443 } ]
+""",
+    "t.toml",
+).profile("p", gateway_address=LINK.gateway)
+PINNED = IPv4Address("151.101.0.223")
+PINNED_PORTS = IPv4Address("140.82.112.4")
+RANGED = {"concat": [str(PINNED_PORTS), "tcp", {"range": [9000, 9010]}]}
+
+
+def compiled(profile: Profile = PROFILE) -> tuple[list[Any], dict[str, Any]]:
+    base, base_sites = base_ruleset("up0", POOL)
+    guest, guest_sites = guest_add(LINK, profile)
+    return base + guest, {**base_sites, **guest_sites}
+
+
+def tcp(address: IPv4Address, port: int) -> Packet:
+    return Packet(address, "tcp", port)
+
+
+def test_nothing_pinned_denies() -> None:
+    cmds, sites = compiled()
+    assert evaluate(cmds, {}, tcp(PINNED, 8443), sites=sites, link=LINK) == (
+        "deny",
+        "deny.not_allowlisted",
+    )
+
+
+def test_a_pinned_address_is_open_on_every_port() -> None:
+    cmds, sites = compiled()
+    nft = Nft(cmds, sites, LINK, {"pin_g5": [str(PINNED)]})
+    assert nft.evaluate(tcp(PINNED, 8443)) == ("accept", "allow.pinned")
+    assert nft.evaluate(Packet(PINNED, "udp", 5000)) == ("accept", "allow.pinned")
+    assert nft.evaluate(tcp(IPv4Address("151.101.0.224"), 8443)) == ("deny", "deny.not_allowlisted")
+    # plain HTTP goes to the proxy whatever is pinned, TLS stays in the kernel (its
+    # ClientHello held for the TLS gate), and QUIC stays refused before any pin
+    assert nft.evaluate(tcp(PINNED, 80)) == ("proxy", None)
+    assert nft.evaluate(tcp(PINNED, 443)) == ("accept", "allow.pinned")
+    assert nft.evaluate(Packet(PINNED, "udp", 443)) == ("deny", "deny.quic")
+
+
+@pytest.mark.parametrize(
+    ("elem", "packet", "expected"),
+    [
+        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, tcp(PINNED_PORTS, 8443), "accept"),
+        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, tcp(PINNED_PORTS, 8444), "deny"),
+        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, Packet(PINNED_PORTS, "udp", 8443), "deny"),
+        ({"concat": [str(PINNED_PORTS), 6, 8443]}, tcp(PINNED_PORTS, 8443), "accept"),
+        (RANGED, tcp(PINNED_PORTS, 9000), "accept"),
+        (RANGED, tcp(PINNED_PORTS, 9010), "accept"),
+        (RANGED, tcp(PINNED_PORTS, 8999), "deny"),
+        (RANGED, tcp(PINNED_PORTS, 9011), "deny"),
+        (
+            {"concat": [{"prefix": {"addr": "140.82.112.0", "len": 20}}, "tcp", 22]},
+            tcp(IPv4Address("140.82.127.255"), 22),
+            "accept",
+        ),
+        (
+            {"concat": [{"range": ["140.82.112.1", "140.82.112.9"]}, "tcp", 22]},
+            tcp(IPv4Address("140.82.112.10"), 22),
+            "deny",
+        ),
+        # pinned, but special-purpose: L3 refuses it before the pins (rebinding)
+        ({"concat": ["10.0.0.5", "tcp", 8443]}, tcp(IPv4Address("10.0.0.5"), 8443), "deny"),
+    ],
+)
+def test_pinned_ports_match_the_whole_concatenation(
+    elem: Any, packet: Packet, expected: str
+) -> None:
+    cmds, sites = compiled()
+    verdict, reason = evaluate(cmds, {"pinp_g5": [elem]}, packet, sites=sites, link=LINK)
+    assert verdict == expected
+    if expected == "accept":
+        assert reason == "allow.pinned"
+
+
+def test_the_resolvers_own_pin_commands() -> None:
+    """pin_elements' commands, applied after the ruleset, are read with their timeouts."""
+    cmds, sites = compiled()
+    cmds += [
+        pin_elements(LINK, str(PINNED), 300, None),
+        pin_elements(LINK, str(PINNED_PORTS), 300, [(Protocol.TCP, 8443), (Protocol.UDP, 9)]),
+    ]
+    nft = Nft(cmds, sites, LINK)
+    assert nft.evaluate(tcp(PINNED, 22)) == ("accept", "allow.pinned")
+    assert nft.evaluate(tcp(PINNED_PORTS, 8443)) == ("accept", "allow.pinned")
+    assert nft.evaluate(Packet(PINNED_PORTS, "udp", 9)) == ("accept", "allow.pinned")
+    assert nft.evaluate(tcp(PINNED_PORTS, 22)) == ("deny", "deny.not_allowlisted")
+
+
+def test_the_gateways_own_services_and_spoofing() -> None:
+    cmds, sites = compiled()
+    nft = Nft(cmds, sites, LINK)
+    assert nft.evaluate(Packet(LINK.gateway, "udp", 53)) == ("accept", "allow.gateway_dns")
+    assert nft.evaluate(tcp(LINK.gateway, 3128)) == ("accept", "allow.gateway_proxy")
+    assert nft.evaluate(Packet(LINK.gateway, "udp", 3128)) == ("deny", "deny.gateway")
+    assert nft.evaluate(Packet(IPv4Address("8.8.8.8"), "udp", 53)) == ("deny", "deny.dns_redirect")
+    spoofed = Packet(PINNED, "tcp", 8443, saddr=LINK.gateway)
+    assert Nft(cmds, sites, LINK, {"pin_g5": [str(PINNED)]}).evaluate(spoofed) == (
+        "deny",
+        "deny.spoof_ip",
+    )
+
+
+def test_the_evaluator_refuses_what_it_does_not_know() -> None:
+    cmds, sites = compiled()
+    with pytest.raises(Unknown, match="no set named"):
+        Nft(cmds, sites, LINK, {"pin_g9": ["1.2.3.4"]})
+    with pytest.raises(Unknown):
+        elem_has({"concat": ["1.2.3.4", "tcp"]}, (PINNED, "tcp", 443))  # wrong arity
+    with pytest.raises(Unknown):
+        elem_has(3.5, PINNED)
+    locked = Nft(*compiled(replace(PROFILE, mode=Mode.LOCKED)), LINK)
+    assert "pin_g5" not in locked.inet.sets  # only allowlist mode has pins
