@@ -7,7 +7,7 @@ resolves NAME, then connects to its address on PORT", four answers must agree:
 * the resolver (the real ``Resolver`` code, fed the question and an upstream answer made by
   dnspython): does the name resolve, is the answer given, which pin sets does it join;
 * the compiled ruleset *with those pins*, evaluated as the kernel would (the evaluator of
-  test_compile_agrees.py), for the packet to the address;
+  tests/nfteval.py), for the packet to the address;
 * ``decide()`` for the same attempt with the name (the kernel cannot see the name: the pins
   are how it knows);
 * the never-rules: no decision ever lets a guest reach another guest.
@@ -34,7 +34,7 @@ from sandgate.policy.load import parse_policy
 from sandgate.policy.model import Protocol
 from sandgate.policy.pins import pin_rules
 from sandgate.policy.profile import Profile
-from tests.unit.test_compile_agrees import Packet, Ruleset
+from tests.nfteval import Packet, Ruleset
 
 TEST_INTERNET = (IPv4Network("203.0.113.0/24"), IPv4Network("198.51.100.0/24"))
 POOLS = ("10.201.0.0/16", "10.202.0.0/16", "10.99.64.0/20")
@@ -159,7 +159,7 @@ class World:
 
     def kernel(self, address: str, proto: str, port: int | None) -> bool:
         pkt = Packet(IPv4Address(address), proto, port, self.link.ifname)
-        reached, _ = self.ruleset.judge(pkt, {self.link.gateway})
+        reached, _ = self.ruleset.judge(pkt, {self.link.gateway}, self.link.gateway)
         return reached
 
 

@@ -1,8 +1,9 @@
-"""The nft JSON evaluator itself (tests/nfteval.py): pinned sets, concatenations, ranges.
+"""The nft JSON evaluator itself (tests/nfteval.py): pin sets, concatenations, ranges.
 
-An allowlist profile's forward chain ends in ``@pin_g5`` (any port) and ``@pinp_g5``
-(address . protocol . port) lookups; these tests fill them the ways the resolver does
-(``pin_elements``) and the ways a test may (plain elements, ranges inside a concatenation).
+A profile's forward chain looks up one pin set per domain rule (policy/pins.py): ``@pin_g5_a0``
+for allow[0] (allowlist mode, the rule's own ports), ``@pin_g5_d0`` for a port-scoped deny[0]
+(every mode). These tests fill them the ways the resolver does (``pin_elements``) and the ways
+a test may (plain elements); concatenations and ranges are tested on ``elem_has`` itself.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from sandgate.net.compile import GuestLink, base_ruleset, guest_add, pin_elements
 from sandgate.policy.load import parse_policy
-from sandgate.policy.model import Mode, Protocol
+from sandgate.policy.model import Mode
 from sandgate.policy.profile import Profile
 from tests.nfteval import Nft, Packet, Unknown, elem_has, evaluate
 
@@ -26,6 +27,7 @@ PROFILE = parse_policy(
 [profiles.p]
 internet = "allowlist"
 allow = [ { domain = "pypi.org" }, { domain = "*.github.com", port = 443 } ]
+deny = [ { domain = "gist.github.com", port = 22 } ]
 """,
     "t.toml",
 ).profile("p", gateway_address=LINK.gateway)
@@ -52,9 +54,9 @@ def test_nothing_pinned_denies() -> None:
     )
 
 
-def test_a_pinned_address_is_open_on_every_port() -> None:
+def test_a_pinned_address_is_open_on_its_rules_ports() -> None:
     cmds, sites = compiled()
-    nft = Nft(cmds, sites, LINK, {"pin_g5": [str(PINNED)]})
+    nft = Nft(cmds, sites, LINK, {"pin_g5_a0": [str(PINNED)], "pin_g5_a1": [str(PINNED_PORTS)]})
     assert nft.evaluate(tcp(PINNED, 8443)) == ("accept", "allow.pinned")
     assert nft.evaluate(Packet(PINNED, "udp", 5000)) == ("accept", "allow.pinned")
     assert nft.evaluate(tcp(IPv4Address("151.101.0.224"), 8443)) == ("deny", "deny.not_allowlisted")
@@ -63,55 +65,66 @@ def test_a_pinned_address_is_open_on_every_port() -> None:
     assert nft.evaluate(tcp(PINNED, 80)) == ("proxy", None)
     assert nft.evaluate(tcp(PINNED, 443)) == ("accept", "allow.pinned")
     assert nft.evaluate(Packet(PINNED, "udp", 443)) == ("deny", "deny.quic")
+    # *.github.com is allowed on 443 only: its address is open there and nowhere else
+    assert nft.evaluate(tcp(PINNED_PORTS, 443)) == ("accept", "allow.pinned")
+    assert nft.evaluate(tcp(PINNED_PORTS, 22)) == ("deny", "deny.not_allowlisted")
+    assert nft.evaluate(Packet(PINNED_PORTS, "udp", 443)) == ("deny", "deny.quic")
+
+
+def test_a_port_scoped_deny_pins_its_port_shut() -> None:
+    cmds, sites = compiled()
+    both = {"pin_g5_a1": [str(PINNED_PORTS)], "pin_g5_d0": [str(PINNED_PORTS)]}
+    nft = Nft(cmds, sites, LINK, both)
+    assert nft.evaluate(tcp(PINNED_PORTS, 22)) == ("deny", "deny.rule")
+    assert nft.evaluate(tcp(PINNED_PORTS, 443)) == ("accept", "allow.pinned")
+    opened = Nft(*compiled(replace(PROFILE, mode=Mode.OPEN)), LINK, {"pin_g5_d0": ["140.82.113.9"]})
+    assert opened.evaluate(tcp(IPv4Address("140.82.113.9"), 22)) == ("deny", "deny.rule")
+    assert opened.evaluate(tcp(IPv4Address("140.82.113.9"), 2222)) == ("accept", "allow.open")
 
 
 @pytest.mark.parametrize(
-    ("elem", "packet", "expected"),
+    ("elem", "value", "expected"),
     [
-        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, tcp(PINNED_PORTS, 8443), "accept"),
-        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, tcp(PINNED_PORTS, 8444), "deny"),
-        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, Packet(PINNED_PORTS, "udp", 8443), "deny"),
-        ({"concat": [str(PINNED_PORTS), 6, 8443]}, tcp(PINNED_PORTS, 8443), "accept"),
-        (RANGED, tcp(PINNED_PORTS, 9000), "accept"),
-        (RANGED, tcp(PINNED_PORTS, 9010), "accept"),
-        (RANGED, tcp(PINNED_PORTS, 8999), "deny"),
-        (RANGED, tcp(PINNED_PORTS, 9011), "deny"),
+        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, (PINNED_PORTS, "tcp", 8443), True),
+        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, (PINNED_PORTS, "tcp", 8444), False),
+        ({"concat": [str(PINNED_PORTS), "tcp", 8443]}, (PINNED_PORTS, "udp", 8443), False),
+        ({"concat": [str(PINNED_PORTS), 6, 8443]}, (PINNED_PORTS, "tcp", 8443), True),
+        (RANGED, (PINNED_PORTS, "tcp", 9000), True),
+        (RANGED, (PINNED_PORTS, "tcp", 9010), True),
+        (RANGED, (PINNED_PORTS, "tcp", 8999), False),
+        (RANGED, (PINNED_PORTS, "tcp", 9011), False),
         (
             {"concat": [{"prefix": {"addr": "140.82.112.0", "len": 20}}, "tcp", 22]},
-            tcp(IPv4Address("140.82.127.255"), 22),
-            "accept",
+            (IPv4Address("140.82.127.255"), "tcp", 22),
+            True,
         ),
         (
             {"concat": [{"range": ["140.82.112.1", "140.82.112.9"]}, "tcp", 22]},
-            tcp(IPv4Address("140.82.112.10"), 22),
-            "deny",
+            (IPv4Address("140.82.112.10"), "tcp", 22),
+            False,
         ),
-        # pinned, but special-purpose: L3 refuses it before the pins (rebinding)
-        ({"concat": ["10.0.0.5", "tcp", 8443]}, tcp(IPv4Address("10.0.0.5"), 8443), "deny"),
     ],
 )
-def test_pinned_ports_match_the_whole_concatenation(
-    elem: Any, packet: Packet, expected: str
-) -> None:
+def test_concatenations_match_whole(elem: Any, value: Any, expected: bool) -> None:
+    assert elem_has(elem, value) is expected
+
+
+def test_pinned_but_special_is_refused_before_the_pins() -> None:
     cmds, sites = compiled()
-    verdict, reason = evaluate(cmds, {"pinp_g5": [elem]}, packet, sites=sites, link=LINK)
-    assert verdict == expected
-    if expected == "accept":
-        assert reason == "allow.pinned"
+    nft = Nft(cmds, sites, LINK, {"pin_g5_a0": ["10.0.0.5"]})
+    assert nft.evaluate(tcp(IPv4Address("10.0.0.5"), 8443)) == ("deny", "deny.special")
 
 
 def test_the_resolvers_own_pin_commands() -> None:
     """pin_elements' commands, applied after the ruleset, are read with their timeouts."""
     cmds, sites = compiled()
-    cmds += [
-        pin_elements(LINK, str(PINNED), 300, None),
-        pin_elements(LINK, str(PINNED_PORTS), 300, [(Protocol.TCP, 8443), (Protocol.UDP, 9)]),
-    ]
+    cmds += pin_elements(LINK, [str(PINNED)], 300, ["a0"])
+    cmds += pin_elements(LINK, [str(PINNED_PORTS)], 300, ["a1", "d0"])
     nft = Nft(cmds, sites, LINK)
     assert nft.evaluate(tcp(PINNED, 22)) == ("accept", "allow.pinned")
-    assert nft.evaluate(tcp(PINNED_PORTS, 8443)) == ("accept", "allow.pinned")
-    assert nft.evaluate(Packet(PINNED_PORTS, "udp", 9)) == ("accept", "allow.pinned")
-    assert nft.evaluate(tcp(PINNED_PORTS, 22)) == ("deny", "deny.not_allowlisted")
+    assert nft.evaluate(tcp(PINNED_PORTS, 443)) == ("accept", "allow.pinned")
+    assert nft.evaluate(tcp(PINNED_PORTS, 22)) == ("deny", "deny.rule")
+    assert nft.evaluate(tcp(PINNED_PORTS, 8443)) == ("deny", "deny.not_allowlisted")
 
 
 def test_the_gateways_own_services_and_spoofing() -> None:
@@ -122,7 +135,7 @@ def test_the_gateways_own_services_and_spoofing() -> None:
     assert nft.evaluate(Packet(LINK.gateway, "udp", 3128)) == ("deny", "deny.gateway")
     assert nft.evaluate(Packet(IPv4Address("8.8.8.8"), "udp", 53)) == ("deny", "deny.dns_redirect")
     spoofed = Packet(PINNED, "tcp", 8443, saddr=LINK.gateway)
-    assert Nft(cmds, sites, LINK, {"pin_g5": [str(PINNED)]}).evaluate(spoofed) == (
+    assert Nft(cmds, sites, LINK, {"pin_g5_a0": [str(PINNED)]}).evaluate(spoofed) == (
         "deny",
         "deny.spoof_ip",
     )
@@ -131,10 +144,11 @@ def test_the_gateways_own_services_and_spoofing() -> None:
 def test_the_evaluator_refuses_what_it_does_not_know() -> None:
     cmds, sites = compiled()
     with pytest.raises(Unknown, match="no set named"):
-        Nft(cmds, sites, LINK, {"pin_g9": ["1.2.3.4"]})
+        Nft(cmds, sites, LINK, {"pin_g9_a0": ["1.2.3.4"]})
     with pytest.raises(Unknown):
         elem_has({"concat": ["1.2.3.4", "tcp"]}, (PINNED, "tcp", 443))  # wrong arity
     with pytest.raises(Unknown):
         elem_has(3.5, PINNED)
     locked = Nft(*compiled(replace(PROFILE, mode=Mode.LOCKED)), LINK)
-    assert "pin_g5" not in locked.inet.sets  # only allowlist mode has pins
+    assert "pin_g5_a0" not in locked.inet.sets  # allow pins exist in allowlist mode only
+    assert "pin_g5_d0" in locked.inet.sets  # deny pins in every mode
