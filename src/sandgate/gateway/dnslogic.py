@@ -85,10 +85,12 @@ def parse_question(wire: bytes) -> Question:
     if msg.flags & dns.flags.QR or msg.opcode() != dns.opcode.QUERY or len(msg.question) != 1:
         raise Malformed("not a single standard query", _formerr(wire))
     rrset = msg.question[0]
-    name = rrset.name.to_text(omit_final_dot=True).lower()
+    # dnspython writes the root as "." (it used to be "@"): the root's name is "".
+    root = rrset.name == dns.name.root
+    name = "" if root else rrset.name.to_text(omit_final_dot=True).lower()
     if rrset.rdclass != dns.rdataclass.IN:
         raise Malformed("only class IN is served", _formerr(wire))
-    return Question(msg.id, "" if name == "@" else name, rrset.rdtype, wire, msg)
+    return Question(msg.id, name, rrset.rdtype, wire, msg)
 
 
 def _formerr(wire: bytes) -> bytes | None:
@@ -216,8 +218,8 @@ def query_for_upstream(q: Question, new_id: int) -> bytes:
         dns.rdatatype.RdataType(q.qtype),
         use_edns=0,
         want_dnssec=False,
+        id=new_id,
     )
-    msg.id = new_id
     msg.flags |= dns.flags.RD
     return msg.to_wire()
 
