@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from sandgate.gateway import dnslogic
 from sandgate.gateway.resolver import GuestDNS, Resolver
 from sandgate.net.compile import GuestLink, base_ruleset, guest_add, pin_set
+from sandgate.policy import dnsnames
 from sandgate.policy.decide import Attempt, decide, decide_answer, decide_name
 from sandgate.policy.load import parse_policy
 from sandgate.policy.model import Protocol
@@ -137,14 +138,16 @@ class World:
         query = dns.message.make_query(name, "A")
         wire = query.to_wire()
         q = dnslogic.parse_question(wire)
-        decision = decide_name(self.profile, name)
+        decision = dnsnames.judge_question(self.profile, name, dnslogic.A)
         entry = self.resolver._local(self.dns, q, decision)
         if entry is None:
             reply = dns.message.make_response(query)
             reply.answer.append(dns.rrset.from_text(name + ".", 300, "IN", "A", NAMES[name]))
             entry = self.resolver._judged(self.dns, q, decision, reply.to_wire(), None)
             self.resolver._answered(self.dns, wire, ("10.0.0.2", 5353), "udp", entry)
-        # The resolver and the policy say the same: resolves iff decide_name and decide_answer.
+        # The resolver and the policy say the same: resolves iff the question and the answer
+        # are both allowed (and the question is the name's: decide_name()).
+        assert decision.allowed == decide_name(self.profile, name).allowed
         expected = (
             decision.allowed
             and decide_answer(self.profile, name, ipaddress.ip_address(NAMES[name])).allowed

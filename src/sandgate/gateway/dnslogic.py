@@ -7,16 +7,19 @@ dnspython spends per forwarded question. They accept a strict subset of what dns
 and return None for anything else, which then takes the dnspython path: dnspython stays the
 authority on every message the fast readers do not fully understand.
 
-What is decided:
+What is decided is policy/'s (``policy.dnsnames.judge_question`` and ``judge_aliases``, and
+``decide()`` per address); this module writes the answers those verdicts call for:
 
-- a question for a name the policy refuses gets NXDOMAIN carrying an Extended DNS Error
-  (RFC 8914, code 15 "Blocked") whose text is the reason key, so ``dig`` shows why;
+- a refused name (a deny rule, a special-use name, a reverse name of private space) gets
+  NXDOMAIN carrying an Extended DNS Error (RFC 8914, code 15 "Blocked") whose text is the
+  reason key, so ``dig`` shows why;
 - AAAA questions get an empty answer: the gateway routes IPv4 only, and an empty answer makes
   clients use IPv4 at once instead of timing out on IPv6;
-- reverse lookups for private and special ranges are answered locally (NXDOMAIN), so a guest
-  cannot map the LAN through upstream PTR records;
+- ANY gets RFC 8482's minimal answer (one HINFO "RFC8482"), never the name's records;
+- zone transfers and other meta types get REFUSED (EDE 21 "Not Supported"), and go nowhere;
 - an upstream answer whose addresses the policy refuses for that name (a public name pointing
-  at a private address: DNS rebinding) is replaced by NXDOMAIN with the reason.
+  at a private address: DNS rebinding), or whose aliases lead somewhere refused, is replaced by
+  NXDOMAIN with the reason (EDE 17 "Filtered").
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
-from sandgate.policy.classify import classify
-
 EDE_BLOCKED = 15
 EDE_FILTERED = 17
+EDE_NOT_SUPPORTED = 21
+MINIMAL_ANY_TTL = 3600  # RFC 8482 4.2 leaves it to the responder; long, as it never changes
 A, AAAA, PTR, ANY = dns.rdatatype.A, dns.rdatatype.AAAA, dns.rdatatype.PTR, dns.rdatatype.ANY
+CNAME = dns.rdatatype.CNAME
 
 
 @dataclass(frozen=True)
@@ -85,10 +89,12 @@ def parse_question(wire: bytes) -> Question:
     if msg.flags & dns.flags.QR or msg.opcode() != dns.opcode.QUERY or len(msg.question) != 1:
         raise Malformed("not a single standard query", _formerr(wire))
     rrset = msg.question[0]
-    name = rrset.name.to_text(omit_final_dot=True).lower()
+    # dnspython writes the root as "." (it used to be "@"): the root's name is "".
+    root = rrset.name == dns.name.root
+    name = "" if root else rrset.name.to_text(omit_final_dot=True).lower()
     if rrset.rdclass != dns.rdataclass.IN:
         raise Malformed("only class IN is served", _formerr(wire))
-    return Question(msg.id, "" if name == "@" else name, rrset.rdtype, wire, msg)
+    return Question(msg.id, name, rrset.rdtype, wire, msg)
 
 
 def _formerr(wire: bytes) -> bytes | None:
@@ -108,6 +114,29 @@ def blocked(q: Question, reason_key: str, *, code: int = EDE_BLOCKED) -> bytes:
         resp.use_edns(
             0, options=[dns.edns.EDEOption(dns.edns.EDECode(code), f"sandgate: {reason_key}")]
         )
+    return resp.to_wire()
+
+
+def refused(q: Question, reason_key: str) -> bytes:
+    """REFUSED with an Extended DNS Error naming the reason (zone transfers, meta types)."""
+    resp = dns.message.make_response(q.message)
+    resp.set_rcode(dns.rcode.REFUSED)
+    resp.flags |= dns.flags.RA
+    if q.message.edns >= 0:
+        ede = dns.edns.EDEOption(dns.edns.EDECode(EDE_NOT_SUPPORTED), f"sandgate: {reason_key}")
+        resp.use_edns(0, options=[ede])
+    return resp.to_wire()
+
+
+def minimal_any(q: Question, reason_key: str) -> bytes:
+    """RFC 8482's answer to ANY: one synthesised HINFO "RFC8482" "" and nothing else."""
+    resp = dns.message.make_response(q.message)
+    resp.flags |= dns.flags.RA
+    owner = dns.name.from_text(q.name or ".")
+    resp.answer.append(dns.rrset.from_text(owner, MINIMAL_ANY_TTL, "IN", "HINFO", '"RFC8482" ""'))
+    if q.message.edns >= 0:
+        ede = dns.edns.EDEOption(dns.edns.EDECode(EDE_NOT_SUPPORTED), f"sandgate: {reason_key}")
+        resp.use_edns(0, options=[ede])
     return resp.to_wire()
 
 
@@ -135,19 +164,6 @@ def servfail(q: Question, text: str) -> bytes:
     return resp.to_wire()
 
 
-def private_reverse(name: str) -> bool:
-    """True for a PTR name under in-addr.arpa that points into special-purpose space."""
-    if not name.endswith(".in-addr.arpa"):
-        return name.endswith(".ip6.arpa")  # no IPv6 is routed; nothing to look up
-    parts = name[: -len(".in-addr.arpa")].split(".")
-    if not all(p.isdigit() for p in parts) or not parts or len(parts) > 4:
-        return True
-    octets = [int(p) for p in reversed(parts)] + [0] * (4 - len(parts))
-    if any(o > 255 for o in octets):
-        return True
-    return classify(ipaddress.IPv4Address(bytes(octets))).special
-
-
 @dataclass(frozen=True)
 class Answer:
     """An upstream answer, judged: what to send the guest, and what it revealed."""
@@ -158,6 +174,9 @@ class Answer:
     rcode: int
     refused: str | None = None  # reason key when the answer was replaced by NXDOMAIN
     refused_address: str | None = None
+    # The answer section's CNAME records as (owner, target), lower-case, no trailing dot,
+    # sorted and without duplicates: for policy.dnsnames.judge_aliases.
+    aliases: tuple[tuple[str, str], ...] = ()
 
 
 def judge_answer(
@@ -168,7 +187,7 @@ def judge_answer(
     """Apply ``check`` (address -> reason key if refused) to every A record of the answer."""
     fast = _fast_answer(upstream)
     if fast is not None:
-        raw_addresses, fast_ttl, fast_rcode = fast
+        raw_addresses, fast_ttl, fast_rcode, fast_aliases = fast
         shown: list[str] = []
         for raw in raw_addresses:
             address = ipaddress.IPv4Address(raw)
@@ -178,15 +197,19 @@ def judge_answer(
                 return Answer(wire, (), 0, dns.rcode.NXDOMAIN, refused, str(address))
             shown.append(str(address))
         # The answer as it came, under the guest's id: the reader checked every byte of it.
-        return Answer(q.id.to_bytes(2, "big") + upstream[2:], tuple(shown), fast_ttl, fast_rcode)
+        reply = q.id.to_bytes(2, "big") + upstream[2:]
+        return Answer(reply, tuple(shown), fast_ttl, fast_rcode, aliases=fast_aliases)
     try:
         resp = dns.message.from_wire(upstream)
     except (dns.exception.DNSException, ValueError):
         return Answer(servfail(q, "bad upstream answer"), (), 0, dns.rcode.SERVFAIL)
     resp.id = q.id
     addresses: list[str] = []
+    aliases: set[tuple[str, str]] = set()
     ttl = 2**31
     for rrset in resp.answer:
+        if rrset.rdtype == CNAME and rrset.rdclass == dns.rdataclass.IN:
+            aliases.update((_text(rrset.name), _text(rdata.target)) for rdata in rrset)
         if rrset.rdtype == A and rrset.rdclass != dns.rdataclass.IN:
             # Not an address record (dnspython keeps it as opaque data): refuse the answer
             # rather than fail on it.
@@ -202,7 +225,15 @@ def judge_answer(
                 addresses.append(str(address))
     if q.qtype == AAAA or any(r.rdtype == AAAA for r in resp.answer):
         resp.answer = [r for r in resp.answer if r.rdtype != AAAA]
-    return Answer(resp.to_wire(), tuple(addresses), 0 if ttl == 2**31 else ttl, resp.rcode())
+    ttl = 0 if ttl == 2**31 else ttl
+    return Answer(
+        resp.to_wire(), tuple(addresses), ttl, resp.rcode(), aliases=tuple(sorted(aliases))
+    )
+
+
+def _text(name: dns.name.Name) -> str:
+    """A name as the policy takes it: lower-case, no trailing dot, "" for the root."""
+    return "" if name == dns.name.root else name.to_text(omit_final_dot=True).lower()
 
 
 def query_for_upstream(q: Question, new_id: int) -> bytes:
@@ -216,8 +247,8 @@ def query_for_upstream(q: Question, new_id: int) -> bytes:
         dns.rdatatype.RdataType(q.qtype),
         use_edns=0,
         want_dnssec=False,
+        id=new_id,
     )
-    msg.id = new_id
     msg.flags |= dns.flags.RD
     return msg.to_wire()
 
@@ -331,10 +362,27 @@ def _read_name(wire: bytes, pos: int, end: int) -> tuple[bytes, int] | None:
     return b"".join(parts).lower(), (after if after >= 0 else pos)
 
 
-def _fast_answer(wire: bytes) -> tuple[list[bytes], int, int] | None:
-    """A plain upstream answer: (A addresses in dnspython's order, smallest A TTL, rcode), or None
-    unless every record is IN A/CNAME/SOA (and one option-less OPT) and every byte is accounted
-    for."""
+def _plain_text(name: bytes) -> str | None:
+    """The text of an uncompressed wire name whose labels need no escapes; None otherwise."""
+    labels: list[bytes] = []
+    pos = 0
+    while pos < len(name):
+        n = name[pos]
+        labels.append(name[pos + 1 : pos + 1 + n])
+        pos += 1 + n
+    text = b".".join(labels)
+    if text.translate(None, _PLAIN) != b"." * max(0, len(labels) - 1):
+        return None
+    return text.decode("ascii")
+
+
+def _fast_answer(
+    wire: bytes,
+) -> tuple[list[bytes], int, int, tuple[tuple[str, str], ...]] | None:
+    """A plain upstream answer: (A addresses in dnspython's order, smallest A TTL, rcode, the
+    answer's aliases as ``Answer.aliases``), or None unless every record is IN A/CNAME/SOA (and
+    one option-less OPT), every name in a CNAME of the answer needs no escapes, and every byte
+    is accounted for."""
     size = len(wire)
     if size < 12:
         return None
@@ -352,6 +400,7 @@ def _fast_answer(wire: bytes) -> tuple[list[bytes], int, int] | None:
     groups: dict[bytes, tuple[list[bytes], list[int]]] = {}
     ext_rcode = 0
     seen_opt = False
+    aliases: set[tuple[str, str]] = set()
     for section, count in ((1, an), (2, ns), (3, ar)):
         for _ in range(count):
             got = _read_name(wire, pos, size)
@@ -383,6 +432,15 @@ def _fast_answer(wire: bytes) -> tuple[list[bytes], int, int] | None:
                 got = _read_name(wire, pos, rend)
                 if got is None or got[1] != rend:
                     return None
+                if section == 1:
+                    owner_text, target_text = _plain_text(owner), _plain_text(got[0])
+                    if owner_text is None or target_text is None:
+                        return None  # dnspython writes escapes: let it
+                    if any(o == owner_text and t != target_text for o, t in aliases):
+                        # Two aliases for one name (a singleton type): dnspython keeps the
+                        # last, and the guest then hears only what was judged.
+                        return None
+                    aliases.add((owner_text, target_text))
             elif rtype == T_SOA:
                 got = _read_name(wire, pos, rend)
                 if got is None:
@@ -397,7 +455,7 @@ def _fast_answer(wire: bytes) -> tuple[list[bytes], int, int] | None:
         return None
     addresses = [a for rdatas, _ in groups.values() for a in rdatas]
     ttl_min = min((min(ttls) for _, ttls in groups.values()), default=0)
-    return addresses, ttl_min, (flags & 0xF) | (ext_rcode << 4)
+    return addresses, ttl_min, (flags & 0xF) | (ext_rcode << 4), tuple(sorted(aliases))
 
 
 def address_query(name: str, qid: int) -> bytes:

@@ -1,7 +1,9 @@
 """The gateway's resolver: one UDP and one TCP listener on each guest's gateway address.
 
 Every question is logged with its guest and session. What is answered is decided by
-``decide_name()`` and, for upstream answers, by ``decide()`` on each address (dnslogic.py).
+``policy.dnsnames.judge_question()`` (the name by ``decide_name()``, then special-use names,
+reverse names and question types) and, for upstream answers, by ``decide()`` on each address and
+``judge_aliases()`` on the CNAME records; dnslogic.py writes the answer each verdict calls for.
 Nothing leaves for a name the policy refuses. In allowlist mode, the addresses an allowed name
 resolves to are pinned into the guest's nftables sets (with their TTL) *before* the answer is
 sent, so the guest can never race its own DNS answer to the firewall.
@@ -32,7 +34,8 @@ from sandgate.gateway import dnslogic
 from sandgate.gateway.attribution import FlowKey
 from sandgate.gateway.upstream import Upstream
 from sandgate.net.compile import GuestLink
-from sandgate.policy.decide import Decision, Reason, allow, decide_answer, decide_name
+from sandgate.policy import dnsnames
+from sandgate.policy.decide import Decision, Reason, allow, decide_answer
 from sandgate.policy.pins import pin_rules
 from sandgate.policy.profile import Profile
 
@@ -187,7 +190,7 @@ class Resolver:
             )
             reply(exc.reply)
             return
-        decision = decide_name(guest.profile, q.name)
+        decision = dnsnames.judge_question(guest.profile, q.name, q.qtype)
         if self.forward_everything:  # a fault injected by a test: the resolver gone rogue
             decision = allow(Reason.OPEN, detail="fault: forwarding everything")
         entry = self._local(guest, q, decision)
@@ -240,21 +243,21 @@ class Resolver:
     def _local(self, guest: GuestDNS, q: dnslogic.Question, decision: Decision) -> _Entry | None:
         """The answer when no upstream is needed (or allowed), else None."""
         forever = float("inf")
-        if not decision.allowed:
-            return _entry(dnslogic.blocked(q, decision.key), forever, q, decision, rcode=3)
-        if decision.reason is Reason.FRONT:
+        if decision.reason is Reason.FRONT and decision.allowed:
             # A service the gateway fronts: the answer is the guest's own gateway address.
             gateway = str(guest.link.gateway)
             wire = dnslogic.local_answer(q, gateway)
             return _entry(wire, forever, q, decision, rcode=0, addresses=(gateway,))
-        if q.qtype == dnslogic.AAAA:
+        if decision.allowed:
+            return None
+        # The verdict is policy's; only the shape of the refusal is chosen here.
+        if decision.reason is Reason.IPV6 and q.qtype == dnslogic.AAAA:
             return _entry(dnslogic.empty(q), forever, q, decision, rcode=0)
-        if q.qtype == dnslogic.PTR and dnslogic.private_reverse(q.name):
-            wire = dnslogic.blocked(q, "deny.special")
-            return _entry(
-                wire, forever, q, decision, rcode=3, verdict="deny", reason="deny.special"
-            )
-        return None
+        if decision.reason is Reason.DNS_ANY:
+            return _entry(dnslogic.minimal_any(q, decision.key), forever, q, decision, rcode=0)
+        if decision.reason in (Reason.ZONE_TRANSFER, Reason.DNS_META):
+            return _entry(dnslogic.refused(q, decision.key), forever, q, decision, rcode=5)
+        return _entry(dnslogic.blocked(q, decision.key), forever, q, decision, rcode=3)
 
     def _judged(
         self,
@@ -275,6 +278,10 @@ class Resolver:
             return None if d.allowed else d.key
 
         ans = dnslogic.judge_answer(q, upstream, check)
+        aliased = dnsnames.judge_aliases(profile, q.name, ans.aliases, decision)
+        if not aliased.allowed:
+            wire = dnslogic.blocked(q, aliased.key, code=dnslogic.EDE_FILTERED)
+            return _entry(wire, time.monotonic() + 60, q, aliased, rcode=3)
         if ans.refused is not None:
             return _entry(
                 ans.wire,

@@ -64,6 +64,12 @@ class Reason(enum.Enum):
     PROTOCOL = ("deny.protocol", "the request breaks its protocol")
     FRONT = ("allow.front", "a service the gateway itself offers over TLS (front)")
     GATEWAY_PROXY = ("allow.gateway_proxy", "the guest's own gateway proxy")
+    SPECIAL_NAME = ("deny.special_name", "a special-use name that must not leave the gateway")
+    DNS_ANY = ("deny.dns_any", "ANY questions get a minimal answer (RFC 8482), never a dump")
+    ZONE_TRANSFER = ("deny.zone_transfer", "zone transfers (AXFR/IXFR) are refused")
+    DNS_META = ("deny.dns_meta", "a DNS meta type (TSIG, TKEY, MAILA, OPT...) is not a question")
+    CNAME_TARGET = ("deny.cname_target", "an alias to a special-use or denied name")
+    CNAME_LOOP = ("deny.cname_loop", "an alias chain that loops")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key

@@ -80,6 +80,15 @@ REBIND: dict[str, str] = {
     "models.example": MODEL,
 }
 WILDCARD_ZONES = ("exfil.evil.example",)
+# Aliases that must not reach a guest (tests/kernel/test_resolver_leaks.py): to special-use
+# names, to themselves, and a chain back to where it began.
+CNAMES: dict[str, str] = {
+    "cname-localhost.example.com": "localhost.",
+    "cname-metadata.example.com": "metadata.google.internal.",
+    "cname-self.example.com": "cname-self.example.com.",
+    "cname-loop-a.example.com": "cname-loop-b.example.com.",
+    "cname-loop-b.example.com": "cname-loop-a.example.com.",
+}
 
 
 def resolve_name(name: str) -> list[str]:
@@ -328,6 +337,10 @@ def _zones() -> list[dict[str, Any]]:
         origin = ".".join(name.split(".")[-2:])
         rel = name[: -len(origin)].rstrip(".") or "@"
         zones.setdefault(origin, []).append({"name": rel, "type": "A", "value": address})
+    for name, target in CNAMES.items():
+        origin = ".".join(name.split(".")[-2:])
+        rel = name[: -len(origin)].rstrip(".")
+        zones[origin].append({"name": rel, "type": "CNAME", "value": target})
     out = [{"origin": o, "ttl": 300, "records": r} for o, r in sorted(zones.items())]
     for origin in WILDCARD_ZONES:
         out.append(
