@@ -282,10 +282,14 @@ def _session_invariants(
         for x in log
     ]
     foreign = foreign_sources(entries, source)
+    # A name refused as such: denied before any answer, and never allowed in the session (an
+    # AAAA or ANY question is refused by its type while the name's A question is answered).
+    questions = [e for e in events if e.kind.value == "dns" and e.name]
+    answered = {e.name for e in questions if e.verdict == "allow"}
     refused = [
         e.name
-        for e in events
-        if e.kind.value == "dns" and e.verdict == "deny" and e.name and "answers" not in e.details
+        for e in questions
+        if e.verdict == "deny" and "answers" not in e.details and e.name not in answered
     ]
     leaked = leaked_names(refused, seen.get("dns", []))
     rows = []
