@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from typing import Any
 
-from sandgate.events.schema import Category, Event, FrozenDetails, Kind
+from sandgate.events.schema import Category, Event, FlowKey, FrozenDetails, Kind
 from sandgate.gateway import dnslogic
-from sandgate.gateway.attribution import FlowKey
 from sandgate.gateway.upstream import Upstream
 from sandgate.net.compile import PINNED_MAX_PORTS, GuestLink
 from sandgate.policy.decide import Attempt, Decision, Reason, allow, decide, decide_name

@@ -20,8 +20,9 @@ from typing import Any
 from sandgate import cleanup
 from sandgate.errors import SandgateError
 from sandgate.gateway import manage
-from sandgate.gateway.config import GatewayConfig, Uplink, run_dir
+from sandgate.gateway.config import GatewayConfig, run_dir
 from sandgate.gateway.manage import GatewayHandle
+from sandgate.net.links import Uplink
 from sandgate.policy.load import load_policy
 from sandgate.world.topology import TestWorld, WorldInfo
 
