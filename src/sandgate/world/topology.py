@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.agents.frameworks import world_script
+from sandgate.gateway.proxy.ca import CA, make_ca, write_pair
 from sandgate.net import ns
 from sandgate.net.links import Uplink
-from sandgate.world.ca import CA, make_ca, write_pair
 from sandgate.world.fixtures import build_fixtures
 from sandgate.world.servers.launch import Running, start
 
