@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate import cleanup
+from sandgate.agents.frameworks import world_script
 from sandgate.errors import SandgateError
 from sandgate.gateway import manage
 from sandgate.gateway.config import GatewayConfig, run_dir
@@ -77,7 +78,11 @@ def bring_up(
     cleanup.own(f"instance-{name}")
     tw = None
     if world:
-        tw = TestWorld(name, on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid))
+        tw = TestWorld(
+            name,
+            on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid),
+            model_script=world_script(),
+        )
     handle: GatewayHandle | None = None
     try:
         info = tw.up() if tw is not None else None
