@@ -1,0 +1,8 @@
+"""The probe catalogue, the never-rules, and the driver that runs inside a guest.
+"""
+
+__all__ = [
+    "catalogue",
+    "driver",
+    "runner",
+]
