@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench.common import BenchNet, log, wait_udp_port
 from sandgate import cleanup
+from sandgate.agents.frameworks import world_script
 from sandgate.gateway import manage
 from sandgate.gateway.config import run_dir
 from sandgate.session.stack import Stack, gateway_config
@@ -100,7 +101,7 @@ def bench_stack() -> Iterator[BenchStack]:
     base = Path(tempfile.mkdtemp(prefix=f"sandgate-bench-{name}-", dir="/var/tmp"))
     base.chmod(0o755)
     cleanup.own(f"instance-{name}")  # `sandgate cleanup` leaves sg-<name>-* alone meanwhile
-    world = TestWorld(name)
+    world = TestWorld(name, model_script=world_script())
     net = BenchNet(name)
     stack: Stack | None = None
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.common import BenchNet, log, run, spawn_ready, stop, wait_udp_port
 from bench.stack import UPSTREAM, BenchStack
-from sandgate.world.ca import CA, write_pair
+from sandgate.gateway.proxy.ca import CA, write_pair
 
 NAME = "tls.bench.example"
 ADDRESS = "203.0.113.90"  # in the world's public range, unused by the world itself

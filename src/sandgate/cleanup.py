@@ -14,13 +14,11 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sandgate.gateway.config import RUN_ROOT
 from sandgate.net import ns
+from sandgate.pids import alive, is_ours, kill
 from sandgate.sandbox.workspace import SESSIONS_ROOT, our_mounts, unmount
 
 OWNERS = RUN_ROOT / "owners"
@@ -56,7 +54,7 @@ def owned(name: str) -> bool:
         pid = int((OWNERS / name).read_text())
     except (OSError, ValueError):
         return False
-    return _alive(pid)
+    return alive(pid)
 
 
 def record_pids(name: str, pids: list[int], owner: int | None = None) -> None:
@@ -131,10 +129,10 @@ def _processes(result: CleanupResult, everything: bool) -> None:
             except (OSError, ValueError):
                 path.unlink(missing_ok=True)
                 continue
-            if _alive(int(raw.get("owner", 0))) and not everything:
+            if alive(int(raw.get("owner", 0))) and not everything:
                 continue
             for pid in raw.get("pids", []):
-                if _ours(pid, b"sandgate.world.servers") and _kill(pid):
+                if is_ours(pid, "sandgate.world.servers") and kill(pid):
                     result.processes.append(pid)
             path.unlink(missing_ok=True)
     if RUN_ROOT.is_dir():
@@ -147,7 +145,7 @@ def _processes(result: CleanupResult, everything: bool) -> None:
             if owned(f"instance-{instance}") and not everything:
                 result.kept.append(f"gateway {instance}")
                 continue
-            if _ours(pid, b"sandgate.gateway.daemon") and _kill(pid):
+            if is_ours(pid, "sandgate.gateway.daemon") and kill(pid):
                 result.processes.append(pid)
             pid_file.unlink(missing_ok=True)
             shutil.rmtree(pid_file.parent, ignore_errors=True)
@@ -193,40 +191,3 @@ def _host_tables(result: CleanupResult, everything: bool) -> None:
             result.tables.append(label)
     finally:
         nft.close()
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _ours(pid: int, marker: bytes) -> bool:
-    try:
-        return marker in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _kill(pid: int) -> bool:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return True
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return True
-            time.sleep(0.05)
-    return not _alive(pid)

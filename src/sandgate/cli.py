@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -613,12 +612,11 @@ def up(
     """Bring up a gateway and keep it until Ctrl-C or `sandgate down`; restart it if it dies."""
     import signal as _signal
     import threading
-    import time as _time
 
     from sandgate.gateway.config import run_dir
     from sandgate.policy.load import load_policy
     from sandgate.sandbox.launch import preflight
-    from sandgate.session.stack import bring_up
+    from sandgate.session.stack import bring_up, keep_up
 
     if world not in (None, "test"):
         raise typer.BadParameter("the only world is 'test'", param_hint="--world")
@@ -641,9 +639,18 @@ def up(
     def stop(signum: int, frame: object) -> None:
         stopping.set()
 
+    def died() -> None:
+        err.print(
+            "[red]ALARM[/red] the gateway daemon died; its guests have no way out "
+            "while it is down. Restarting it."
+        )
+
+    def restarted() -> None:
+        err.print(f"gateway restarted (pid {stack.gateway.pid}); guests re-attached")
+        _print_alarms(stack, stopping)
+
     _signal.signal(_signal.SIGTERM, stop)
     _signal.signal(_signal.SIGINT, stop)
-    (run_dir(name) / "up.pid").write_text(str(os.getpid()))
     err.print(
         f"gateway [bold]{name}[/bold] is up (pid {stack.gateway.pid})"
         + (" with the test world" if stack.world else "")
@@ -652,20 +659,10 @@ def up(
     )
     _print_alarms(stack, stopping)
     try:
-        while not stopping.is_set():
-            if not stack.gateway.alive():
-                err.print(
-                    "[red]ALARM[/red] the gateway daemon died; its guests have no way out "
-                    "while it is down. Restarting it."
-                )
-                try:
-                    stack.restart_gateway()
-                except SandgateError as exc:
-                    err.print(f"[red]ALARM[/red] the gateway could not be restarted: {exc}")
-                    raise typer.Exit(1) from None
-                err.print(f"gateway restarted (pid {stack.gateway.pid}); guests re-attached")
-                _print_alarms(stack, stopping)
-            _time.sleep(0.2)
+        keep_up(stack, stopping, died=died, restarted=restarted)
+    except SandgateError as exc:
+        err.print(f"[red]ALARM[/red] the gateway could not be restarted: {exc}")
+        raise typer.Exit(1) from None
     finally:
         stack.teardown()
     raise typer.Exit(0)
@@ -712,29 +709,10 @@ def down(
     instance: Annotated[str, typer.Option("--instance", help="which gateway")] = "",
 ) -> None:
     """Stop a gateway started with `sandgate up`."""
-    import signal as _signal
-    import time as _time
-
-    from sandgate.gateway.config import run_dir
+    from sandgate.session.stack import stop_up
 
     names = [instance] if instance else ["main", "test"]
-    stopped = []
-    for name in names:
-        try:
-            pid = int((run_dir(name) / "up.pid").read_text())
-        except (OSError, ValueError):
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"sandgate" not in cmdline:
-            continue
-        os.kill(pid, _signal.SIGTERM)
-        deadline = _time.monotonic() + 20
-        while _time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-            _time.sleep(0.1)
-        stopped.append(name)
+    stopped = [name for name in names if stop_up(name)]
     out.print(f"stopped: {', '.join(stopped)}" if stopped else "no gateway was up")
 
 

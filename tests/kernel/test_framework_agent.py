@@ -28,7 +28,7 @@ import pytest
 from sandgate.agents import frameworks
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store
-from sandgate.session.runner import RunResult, run_in
+from sandgate.session.runner import RunOptions, RunResult, run_in
 from sandgate.session.stack import Stack, bring_up
 from sandgate.world import topology
 from sandgate.world.servers.chatwire import Script
@@ -166,10 +166,10 @@ def _run(
     agent_stack: tuple[Stack, str], work: Path, *, mode: str, endpoint: str, explicit_proxy: bool
 ) -> Ran:
     stack, store = agent_stack
-    opts = frameworks.run_options(
+    opts = RunOptions(**frameworks.run_fields(
         NAME, TASK, endpoint=endpoint, mode=mode, explicit_proxy=explicit_proxy,
         timeout=TIMEOUT, store=store, workdir=work,
-    )  # fmt: skip
+    ))  # fmt: skip
     server = "openai" if endpoint == "openai" else "model"
     assert stack.world is not None
     t0 = time.time()

@@ -39,6 +39,7 @@ import pytest
 
 from sandgate import cleanup
 from sandgate.errors import NetError
+from sandgate.gateway.proxy.ca import make_ca, write_pair
 from sandgate.gateway.proxy.firstflight import FirstFlights
 from sandgate.gateway.proxy.sni import NeedMore, parse_client_hello
 from sandgate.net import iptables
@@ -46,7 +47,6 @@ from sandgate.net.iptables import DECIDED, Action, TlsGate
 from sandgate.net.netlink import NetlinkError
 from sandgate.net.nfqueue import NF_ACCEPT, NfqueueSocket, QueuedPacket, pack_verdict
 from sandgate.net.ns import NsThread
-from sandgate.world.ca import make_ca, write_pair
 
 pytestmark = [
     pytest.mark.kernel,

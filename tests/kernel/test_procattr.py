@@ -54,7 +54,7 @@ from typing import Any
 import pytest
 
 from sandgate import cleanup
-from sandgate.gateway.procattr import ProcessFinder, ProcInfo, Role
+from sandgate.gateway.logs.procattr import ProcessFinder, ProcInfo, Role
 from sandgate.net.compile import GROUP_GUEST, guest_uid_log
 from sandgate.net.netlink import run_in_netns
 from sandgate.net.nflog import NflogSocket

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sandgate.world.ca import make_ca
+from sandgate.gateway.proxy.ca import make_ca
 from sandgate.world.servers.launch import Running, start, wait_log
 
 pytestmark = [

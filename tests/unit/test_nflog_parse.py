@@ -1,8 +1,8 @@
-"""Pure parser tests for NFLOG and ctnetlink datagrams, on bytes captured from kernel 6.18.
+"""Pure parser tests for NFLOG datagrams, on bytes captured from kernel 6.18.
 
 Every fixture below was read off a real socket (sandgate's own readers, in throwaway namespaces)
 and is annotated field by field. Integers in netlink headers are host order (little-endian here);
-NFLOG and ctnetlink attribute values are network order. Fixtures are fed whole, cut at every
+NFLOG attribute values are network order. Fixtures are fed whole, cut at every
 byte, with trailing bytes, and fuzzed.
 """
 
@@ -16,8 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.net.conntrack import CtEvent, CtEventType, CtStatus, CtTuple, parse_conntrack
-from sandgate.net.netlink import NLA_F_NESTED, NetlinkParseError, pack_attr
+from sandgate.net.netlink import NetlinkParseError, pack_attr
 from sandgate.net.nflog import NflogPacket, SeqTracker, config_attrs, parse_nflog
 
 # --- NFLOG -------------------------------------------------------------------------------------
@@ -389,169 +388,3 @@ def test_config_request_attributes() -> None:
         "06000600" "0003" "0000"
     )
     # fmt: on
-
-
-# --- ctnetlink ---------------------------------------------------------------------------------
-# Read with ConntrackSocket in a namespace with nf_conntrack_acct=1: a TCP connection over lo
-# (NEW, then DESTROY after `conntrack -D`), and an ICMP echo put in zone 7 and marked 42.
-
-# fmt: off
-CT_NEW_TCP = bytes.fromhex(
-    # nlmsghdr: len 196, type 0x0100 (subsys CTNETLINK, IPCTNL_MSG_CT_NEW),
-    # flags 0x600 (NLM_F_CREATE | NLM_F_EXCL: a new entry), seq 0, pid 0
-    "c4000000" "0001" "0006" "00000000" "00000000"
-    # nfgenmsg: family 2 (AF_INET), version 0, res_id 0
-    "02000000"
-    # CTA_TUPLE_ORIG (nested: type 1 | NLA_F_NESTED)
-    "34000180"
-    #   CTA_TUPLE_IP (nested): CTA_IP_V4_SRC 127.0.0.1, CTA_IP_V4_DST 127.0.0.1
-    "14000180" "08000100" "7f000001" "08000200" "7f000001"
-    #   CTA_TUPLE_PROTO (nested): CTA_PROTO_NUM 6, CTA_PROTO_SRC_PORT 55962, _DST_PORT 8080
-    "1c000280" "05000100" "06" "000000" "06000200" "da9a" "0000" "06000300" "1f90" "0000"
-    # CTA_TUPLE_REPLY: the same, reversed
-    "34000280"
-    "14000180" "08000100" "7f000001" "08000200" "7f000001"
-    "1c000280" "05000100" "06" "000000" "06000200" "1f90" "0000" "06000300" "da9a" "0000"
-    # CTA_ID, CTA_STATUS 0x8 (CONFIRMED), CTA_TIMEOUT 120
-    "08000c00" "dbc124c1"
-    "08000300" "00000008"
-    "08000700" "00000078"
-    # CTA_PROTOINFO (nested) > CTA_PROTOINFO_TCP (nested): state 1 (SYN_SENT), window scales
-    # 10 and 0, flags original 0x0300, reply 0
-    "30000480" "2c000180"
-    "05000100" "01" "000000" "05000200" "0a" "000000" "05000300" "00" "000000"
-    "06000400" "0300" "0000" "06000500" "0000" "0000"
-)
-
-CT_DESTROY_TCP = bytes.fromhex(
-    # nlmsghdr: len 220, type 0x0102 (IPCTNL_MSG_CT_DELETE), flags 0, seq 0,
-    # pid of the `conntrack -D` that caused it
-    "dc000000" "0201" "0000" "00000000" "e864849c"
-    "02000000"
-    # CTA_TUPLE_ORIG and CTA_TUPLE_REPLY as in CT_NEW_TCP
-    "34000180"
-    "14000180" "08000100" "7f000001" "08000200" "7f000001"
-    "1c000280" "05000100" "06" "000000" "06000200" "da9a" "0000" "06000300" "1f90" "0000"
-    "34000280"
-    "14000180" "08000100" "7f000001" "08000200" "7f000001"
-    "1c000280" "05000100" "06" "000000" "06000200" "1f90" "0000" "06000300" "da9a" "0000"
-    # CTA_ID (same entry), CTA_STATUS 0x20e (SEEN_REPLY|ASSURED|CONFIRMED|DYING), CTA_TIMEOUT
-    "08000c00" "dbc124c1"
-    "08000300" "0000020e"
-    "08000700" "0006977f"
-    # CTA_COUNTERS_ORIG (nested): CTA_COUNTERS_PACKETS 4, CTA_COUNTERS_BYTES 221 (be64)
-    "1c000980" "0c000100" "0000000000000004" "0c000200" "00000000000000dd"
-    # CTA_COUNTERS_REPLY (nested): 3 packets, 170 bytes
-    "1c000a80" "0c000100" "0000000000000003" "0c000200" "00000000000000aa"
-    # CTA_PROTOINFO > CTA_PROTOINFO_TCP: state 3 (ESTABLISHED)
-    "10000480" "0c000180" "05000100" "03" "000000"
-)
-
-CT_NEW_ICMP = bytes.fromhex(
-    # nlmsghdr: len 180, CT_NEW, NLM_F_CREATE | NLM_F_EXCL; nfgenmsg: AF_INET
-    "b4000000" "0001" "0006" "00000000" "00000000"
-    "02000000"
-    # CTA_TUPLE_ORIG: 10.77.0.2 > 10.77.0.1; proto 1, CTA_PROTO_ICMP_ID 0xbbb9, _TYPE 8, _CODE 0
-    "3c000180"
-    "14000180" "08000100" "0a4d0002" "08000200" "0a4d0001"
-    "24000280" "05000100" "01" "000000" "06000400" "bbb9" "0000"
-    "05000500" "08" "000000" "05000600" "00" "000000"
-    # CTA_TUPLE_REPLY: 10.77.0.1 > 10.77.0.2, type 0 (echo reply)
-    "3c000280"
-    "14000180" "08000100" "0a4d0001" "08000200" "0a4d0002"
-    "24000280" "05000100" "01" "000000" "06000400" "bbb9" "0000"
-    "05000500" "00" "000000" "05000600" "00" "000000"
-    # CTA_ZONE 7 (be16, padded), CTA_ID, CTA_STATUS CONFIRMED, CTA_TIMEOUT 30, CTA_MARK 42
-    "06001200" "0007" "0000"
-    "08000c00" "8673bb4a"
-    "08000300" "00000008"
-    "08000700" "0000001e"
-    "08000800" "0000002a"
-)
-# fmt: on
-
-_TCP_ORIG = CtTuple("127.0.0.1", "127.0.0.1", 6, sport=55962, dport=8080)
-_TCP_REPLY = CtTuple("127.0.0.1", "127.0.0.1", 6, sport=8080, dport=55962)
-
-
-def test_ct_new_tcp() -> None:
-    # fmt: off
-    assert parse_conntrack(CT_NEW_TCP) == [
-        CtEvent(
-            type=CtEventType.NEW, family=2, orig=_TCP_ORIG, reply=_TCP_REPLY, id=0xDBC124C1,
-            status=0x8, mark=None, zone=None, timeout=120, orig_packets=None, orig_bytes=None,
-            reply_packets=None, reply_bytes=None, start_ns=None, stop_ns=None,
-        )
-    ]
-    # fmt: on
-
-
-def test_ct_destroy_has_counters() -> None:
-    [ev] = parse_conntrack(CT_DESTROY_TCP)
-    assert ev.type is CtEventType.DESTROY
-    assert (ev.orig, ev.reply, ev.id) == (_TCP_ORIG, _TCP_REPLY, 0xDBC124C1)
-    assert (ev.orig_packets, ev.orig_bytes, ev.reply_packets, ev.reply_bytes) == (4, 221, 3, 170)
-    assert CtStatus(ev.status or 0) == (
-        CtStatus.SEEN_REPLY | CtStatus.ASSURED | CtStatus.CONFIRMED | CtStatus.DYING
-    )
-
-
-def test_ct_icmp_zone_mark() -> None:
-    [ev] = parse_conntrack(CT_NEW_ICMP)
-    assert (ev.proto, ev.src, ev.dst) == (1, "10.77.0.2", "10.77.0.1")
-    assert (ev.sport, ev.dport) == (None, None)
-    assert (ev.orig.icmp_type, ev.orig.icmp_code, ev.orig.icmp_id) == (8, 0, 0xBBB9)
-    assert ev.reply is not None and ev.reply.icmp_type == 0
-    assert (ev.zone, ev.mark, ev.timeout) == (7, 42, 30)
-
-
-def test_ct_update_is_new_without_create_flag() -> None:
-    update = bytearray(CT_NEW_TCP)
-    update[6:8] = b"\0\0"  # flags: no NLM_F_CREATE
-    assert parse_conntrack(bytes(update))[0].type is CtEventType.UPDATE
-
-
-def test_ct_ipv6_tuple() -> None:
-    def nest(atype: int, data: bytes) -> bytes:
-        return pack_attr(atype | NLA_F_NESTED, data)
-
-    one = bytes(15) + b"\x01"
-    tuple_ = nest(
-        1,
-        nest(1, pack_attr(3, one) + pack_attr(4, one))
-        + nest(2, pack_attr(1, b"\x3a") + pack_attr(7, b"\x00\x05") + pack_attr(8, b"\x80")),
-    )
-    body = struct.pack("!BBH", 10, 0, 0) + tuple_
-    msg = _NLMSGHDR.pack(16 + len(body), 0x0100, 0x600, 0, 0) + body
-    [ev] = parse_conntrack(msg)
-    assert (ev.family, ev.src, ev.proto) == (10, "::1", 58)
-    assert (ev.orig.icmp_id, ev.orig.icmp_type) == (5, 128)
-    assert ev.reply is None
-
-
-def test_ct_datagrams_concatenate_and_cut() -> None:
-    both = CT_NEW_TCP + CT_DESTROY_TCP
-    assert [e.type for e in parse_conntrack(both)] == [CtEventType.NEW, CtEventType.DESTROY]
-    for cut in range(1, len(CT_NEW_TCP)):
-        with pytest.raises(NetlinkParseError):
-            parse_conntrack(CT_NEW_TCP[:cut])
-
-
-def test_ct_missing_tuple_is_malformed() -> None:
-    body = struct.pack("!BBH", 2, 0, 0) + pack_attr(3, b"\0\0\0\x08")
-    with pytest.raises(NetlinkParseError):
-        parse_conntrack(_NLMSGHDR.pack(16 + len(body), 0x0100, 0x600, 0, 0) + body)
-
-
-@given(st.integers(0, len(CT_DESTROY_TCP) - 1), st.integers(0, 255))
-def test_fuzz_conntrack_one_corrupted_byte(pos: int, value: int) -> None:
-    data = bytearray(CT_DESTROY_TCP)
-    data[pos] = value
-    with contextlib.suppress(NetlinkParseError):
-        parse_conntrack(bytes(data))
-
-
-@given(st.binary(max_size=300))
-def test_fuzz_conntrack_never_raises_anything_else(data: bytes) -> None:
-    with contextlib.suppress(NetlinkParseError):
-        parse_conntrack(data)

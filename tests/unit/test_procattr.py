@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.gateway.procattr import (
+from sandgate.gateway.logs.procattr import (
     LAUNCHERS,
     ProcessFinder,
     ProcInfo,
@@ -24,9 +24,7 @@ from sandgate.gateway.procattr import (
     Role,
     SockEntry,
     classify_chain,
-    pack_diag_request,
     parse_cmdline,
-    parse_diag_reply,
     parse_hex_address,
     parse_proc_net,
     parse_socket_link,
@@ -34,6 +32,7 @@ from sandgate.gateway.procattr import (
     parse_status_ppid,
 )
 from sandgate.net.netlink import NetlinkParseError
+from sandgate.net.sockdiag import pack_diag_request, parse_diag_reply
 
 # --- /proc/PID/net tables ------------------------------------------------------------------------
 

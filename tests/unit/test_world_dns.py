@@ -17,7 +17,7 @@ import httpx
 import httpx2
 import pytest
 
-from sandgate.world.ca import make_ca
+from sandgate.gateway.proxy.ca import make_ca
 from sandgate.world.servers.launch import read_log, start, wait_log
 
 ZONE = {

@@ -25,7 +25,7 @@ import h11
 import httpx
 import pytest
 
-from sandgate.world.ca import make_ca
+from sandgate.gateway.proxy.ca import make_ca
 from sandgate.world.servers.launch import read_log, start, wait_log
 from sandgate.world.servers.static import byte_pattern
 from sandgate.world.servers.websocket import Frame, Opcode, encode_frame, parse_frame

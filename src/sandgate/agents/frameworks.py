@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -44,6 +43,7 @@ from typing import Any
 
 from sandgate.agents.registry import PROMPT_FILE, task_marker
 from sandgate.sandbox.bwrap import SANDBOX_HOME, SANDBOX_WORK
+from sandgate.sandbox.workspace import WorkspaceSpec
 
 __all__ = [
     "AGENTS_ROOT",
@@ -62,7 +62,7 @@ __all__ = [
     "installed",
     "marker",
     "prompt",
-    "run_options",
+    "run_fields",
     "script",
     "task_marker",
     "world_script",
@@ -428,7 +428,7 @@ def agent_env(
     return env
 
 
-def run_options(
+def run_fields(
     name: str,
     task: str,
     *,
@@ -438,14 +438,13 @@ def run_options(
     timeout: float = 180,
     text: str | None = None,
     **kw: Any,
-) -> Any:
-    """`RunOptions` for one task (``sandgate.session.runner.run``/``run_in``).
+) -> dict[str, Any]:
+    """The fields of a session's ``RunOptions`` for one task, as plain data (agents import no
+    runner): ``RunOptions(**run_fields(...))`` for ``sandgate.session.runner.run``/``run_in``.
 
     The prompt is written to a private temporary file and bound read-only at PROMPT_FILE;
     the caller may delete ``opts.files[PROMPT_FILE]`` after the run.
     """
-    from sandgate.session.runner import RunOptions
-
     if installed(name) is None:
         raise NotInstalled(
             f"{name} is not installed (or from another lock): "
@@ -456,21 +455,19 @@ def run_options(
         f.write(prompt(task, text))
     env = {**agent_env(name, endpoint, explicit_proxy=explicit_proxy), **kw.pop("env", {})}
     files = {PROMPT_FILE: Path(path), **kw.pop("files", {})}
-    if "space" not in kw and "space" in {f.name for f in dataclasses.fields(RunOptions)}:
+    if "space" not in kw:
         # a runner that copies a home template in itself knows which home files were there
         # before the session (its stray-write report then lists only what the agent wrote)
-        from sandgate.sandbox.workspace import WorkspaceSpec
-
         kw["space"] = WorkspaceSpec(home_template=get(name).template(endpoint))
-    return RunOptions(
-        command=agent_command(name, endpoint),
-        mode=mode,
-        timeout=timeout,
-        env=env,
-        files=files,
-        label=kw.pop("label", f"{name} {task} via {endpoint}"),
+    return {
+        "command": agent_command(name, endpoint),
+        "mode": mode,
+        "timeout": timeout,
+        "env": env,
+        "files": files,
+        "label": kw.pop("label", f"{name} {task} via {endpoint}"),
         **kw,
-    )
+    }
 
 
 def agent_spec(name: str, endpoint: str = "lan", *, explicit_proxy: bool = False) -> Any:

@@ -1,0 +1,8 @@
+"""One event schema with the Decision inside (and the flow key enforcers join records by), the
+SQLite store with its hash chain.
+"""
+
+__all__ = [
+    "schema",
+    "store",
+]

@@ -41,6 +41,11 @@ class Category(enum.StrEnum):
     OTHER = "other"
 
 
+# How every enforcer and log reader names one flow, so their records of it can be joined
+# (gateway/logs/attribution.py): guest, protocol, source port, destination, destination port.
+FlowKey = tuple[str, str, int | None, str, int | None]
+
+
 def category_of(protocol: str | None, port: int | None, family: int | None = None) -> Category:
     if protocol == "icmp":
         return Category.ICMP

@@ -11,30 +11,11 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+
+from sandgate.net.links import Uplink
 
 RUN_ROOT = Path(os.environ.get("SANDGATE_RUN", "/run/sandgate"))
-
-
-@dataclass(frozen=True)
-class Uplink:
-    """How the gateway reaches the outside.
-
-    kind "netns": a veth whose far end goes into namespace ``peer_netns`` (the test world's
-    LAN), enslaved to ``peer_master`` there; the gateway takes ``address`` and routes via
-    ``via``.
-    kind "pasta": the real uplink of this host, through pasta (package passt), which gives the
-    gateway a tap device and carries its traffic out as ordinary sockets of the host. Nothing
-    in the host's namespace changes: no route, no sysctl, no firewall rule, no link.
-    """
-
-    kind: Literal["netns", "pasta"]
-    address: str = ""  # CIDR, e.g. "10.77.0.2/24"
-    via: str = ""  # next hop
-    peer_netns: str = ""
-    peer_ifname: str = ""
-    peer_master: str = ""
-    ifname: str = "up0"  # the uplink's name inside the gateway
 
 
 @dataclass(frozen=True)

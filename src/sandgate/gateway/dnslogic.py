@@ -208,7 +208,7 @@ def judge_answer(
     aliases: set[tuple[str, str]] = set()
     ttl = 2**31
     for rrset in resp.answer:
-        if rrset.rdtype == CNAME and rrset.rdclass == dns.rdataclass.IN:
+        if rrset.rdtype == CNAME:  # of any class: an odd one is judged, not passed unseen
             aliases.update((_text(rrset.name), _text(rdata.target)) for rdata in rrset)
         if rrset.rdtype == A and rrset.rdclass != dns.rdataclass.IN:
             # Not an address record (dnspython keeps it as opaque data): refuse the answer

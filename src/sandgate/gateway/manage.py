@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandgate import pids
 from sandgate.errors import GatewayError, SetupError
 from sandgate.gateway.config import GatewayConfig, netns_of, pid_path, run_dir
 from sandgate.gateway.control import ControlClient
 
 READY_TIMEOUT = 20.0
+DAEMON = "sandgate.gateway.daemon"  # the module the daemon runs as; its pid check looks for it
 
 
 @dataclass
@@ -38,7 +40,7 @@ class GatewayHandle:
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None
-        return _alive(self.pid)
+        return pids.alive(self.pid)
 
 
 def start(cfg: GatewayConfig, env: dict[str, str] | None = None) -> GatewayHandle:
@@ -53,7 +55,7 @@ def start(cfg: GatewayConfig, env: dict[str, str] | None = None) -> GatewayHandl
     log_path = log_dir() / f"gateway-{cfg.instance}.log"
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sandgate.gateway.daemon", str(config_path)],
+        [sys.executable, "-m", DAEMON, str(config_path)],
         stdout=subprocess.PIPE,
         stderr=log,
         stdin=subprocess.DEVNULL,
@@ -179,7 +181,7 @@ def find(instance: str) -> GatewayHandle | None:
         pid = int(pid_path(instance).read_text())
     except (FileNotFoundError, ValueError):
         return None
-    if not _alive(pid) or not _is_daemon(pid):
+    if not pids.is_ours(pid, DAEMON):
         return None
     handle = GatewayHandle(instance, pid, run_dir(instance) / "control" / "control.sock")
     try:
@@ -221,37 +223,10 @@ def _wait_gone(handle: GatewayHandle, timeout: float) -> bool:
                 return True
             except subprocess.TimeoutExpired:
                 continue
-        if not _alive(handle.pid):
+        if not pids.alive(handle.pid):
             return True
         time.sleep(0.05)
     return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _is_daemon(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"sandgate.gateway.daemon" in cmdline
-
-
-def is_daemon(pid: int) -> bool:
-    return _alive(pid) and _is_daemon(pid)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

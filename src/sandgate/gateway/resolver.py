@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from typing import Any
 
-from sandgate.events.schema import Category, Event, FrozenDetails, Kind
+from sandgate.events.schema import Category, Event, FlowKey, FrozenDetails, Kind
 from sandgate.gateway import dnslogic
-from sandgate.gateway.attribution import FlowKey
 from sandgate.gateway.upstream import Upstream
 from sandgate.net.compile import GuestLink
 from sandgate.policy import dnsnames

@@ -1,35 +1,104 @@
 """The gateway's side of the watchdog (gateway/watchdog.py): probing itself, cutting guests off,
 repairing from what it knows, and reloading policies without ever falling back to open.
 
-Kept apart from server.py, which owns guests and the event loop; this module acts on them.
+Kept apart from server.py, which owns guests and the event loop; this module acts on them
+through ``Daemon`` and ``GuestView``, the Protocols below of what it needs, so it never imports
+the daemon (server.py's ``Gateway`` and ``Guest`` satisfy them; mypy checks that where
+server.py builds its ``SelfCheck``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event
 from sandgate.gateway import integrity
+from sandgate.gateway.config import GatewayConfig
+from sandgate.gateway.proxy.flow import ProxyGuest
+from sandgate.gateway.proxy.server import Proxy
+from sandgate.gateway.proxy.tlsgate import GateReader
+from sandgate.gateway.resolver import GuestDNS, Resolver
 from sandgate.net import iptables
 from sandgate.net.compile import (
+    GuestLink,
+    Limits,
+    Site,
     base_ruleset,
     guest_add,
     guest_remove,
     inspect_elements,
     pin_elements,
 )
-from sandgate.net.nft import batch
+from sandgate.net.links import Plumber
+from sandgate.net.nft import Nft, batch
+from sandgate.net.ns import NsThread
+from sandgate.policy.profile import Profile
 
-if TYPE_CHECKING:
-    from sandgate.gateway.server import Gateway, Guest
+T = TypeVar("T")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class GuestView(Protocol):
+    """What the self-check reads of one guest (server.py's ``Guest``)."""
+
+    sites: dict[str, Site]  # replaced after a repair
+
+    @property
+    def link(self) -> GuestLink: ...
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def dns(self) -> GuestDNS: ...
+    @property
+    def proxy(self) -> ProxyGuest | None: ...
+    @property
+    def msg(self) -> dict[str, Any]: ...
+
+
+class Daemon(Protocol):
+    """What the self-check needs of the gateway daemon (server.py's ``Gateway``)."""
+
+    @property
+    def cfg(self) -> GatewayConfig: ...
+    @property
+    def pool(self) -> Network: ...
+    @property
+    def public_override(self) -> tuple[Network, ...]: ...
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def sites(self) -> dict[str, Site]: ...
+    @property
+    def nft(self) -> Nft: ...
+    @property
+    def plumber(self) -> Plumber: ...
+    @property
+    def resolver(self) -> Resolver: ...
+    @property
+    def proxy(self) -> Proxy: ...
+    @property
+    def gate(self) -> GateReader | None: ...
+    @property
+    def canary(self) -> GuestView | None: ...
+    @property
+    def canary_worker(self) -> NsThread | None: ...
+    @property
+    def guests(self) -> Mapping[str, GuestView]: ...
+
+    def all_guests(self) -> Sequence[GuestView]: ...
+    def reload_policy(self, path: str) -> None: ...
+    def emit_event(self, event: Event) -> None: ...
+    async def netlink_call(self, fn: Callable[..., T], *args: Any) -> T: ...
 
 
 class SelfCheck:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Daemon) -> None:
         self.gw = gw
         self._expected = ""
         self._policy_mtimes: dict[str, float] = {}
@@ -146,7 +215,7 @@ class SelfCheck:
             await self._repair_guest(guest)
         self.note()
 
-    async def _repair_guest(self, guest: Guest) -> None:
+    async def _repair_guest(self, guest: GuestView) -> None:
         gw = self.gw
         cmds, sites = guest_add(guest.link, guest.profile, gw.limits)
         with contextlib.suppress(SandgateError):

@@ -23,20 +23,19 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from sandgate.errors import SandgateError
-from sandgate.events.schema import Event, Kind
+from sandgate.events.schema import Event, FlowKey, Kind
 from sandgate.events.store import Store
 from sandgate.gateway import control, dnslogic, registry
-from sandgate.gateway.attribution import Attributor, FlowKey
 from sandgate.gateway.config import GatewayConfig
-from sandgate.gateway.links import Plumber, guest_mac
-from sandgate.gateway.logreader import gateway_event, guest_flow, proto_name
-from sandgate.gateway.prochold import ProcessHold
+from sandgate.gateway.logs.attribution import Attributor
+from sandgate.gateway.logs.logreader import gateway_event, guest_flow, proto_name
+from sandgate.gateway.logs.prochold import ProcessHold
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
+from sandgate.gateway.proxy.tlsgate import GateReader
 from sandgate.gateway.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.selfcheck import SelfCheck
-from sandgate.gateway.tlsgate import GateReader
 from sandgate.gateway.watchdog import Watchdog
 from sandgate.net import iptables, ns
 from sandgate.net.compile import (
@@ -54,6 +53,7 @@ from sandgate.net.compile import (
     inspect_elements,
     pin_elements,
 )
+from sandgate.net.links import Plumber, guest_mac
 from sandgate.net.nflog import NflogPacket, NflogSocket
 from sandgate.net.nft import Nft, batch
 from sandgate.policy.decide import Attempt, decide

@@ -208,7 +208,7 @@ def _restore(text: str) -> None:
 
 
 def hold_text(queue_num: int) -> str:
-    """The guest side's process hold (gateway/prochold.py): the first packet of every new
+    """The guest side's process hold (gateway/logs/prochold.py): the first packet of every new
     outbound flow waits in ``queue_num`` until the gateway has found the process that sent it.
     ``--queue-bypass``: with no reader the packet goes on (the gateway's rules still judge it);
     the hold is for attribution, never for enforcement."""

@@ -1,4 +1,4 @@
-"""Minimal netlink plumbing shared by the NFLOG and conntrack readers.
+"""Minimal netlink plumbing shared by the NFLOG, NFQUEUE and sock_diag readers.
 
 Two halves, kept apart:
 
@@ -28,7 +28,6 @@ __all__ = [
     "NLMSG_DONE",
     "NLMSG_ERROR",
     "NLM_F_ACK",
-    "NLM_F_CREATE",
     "NLM_F_MULTI",
     "NLM_F_REQUEST",
     "NetfilterSocket",
@@ -58,7 +57,6 @@ NLM_F_REQUEST = 0x1
 NLM_F_MULTI = 0x2
 NLM_F_ACK = 0x4
 NLM_F_EXCL = 0x200
-NLM_F_CREATE = 0x400
 NLA_F_NESTED = 0x8000
 NLA_F_NET_BYTEORDER = 0x4000
 NLA_TYPE_MASK = 0x3FFF
@@ -104,7 +102,7 @@ def nl_messages(buf: bytes) -> Iterator[tuple[int, int, int, int, int]]:
 def nl_attrs(buf: bytes, start: int, end: int) -> dict[int, bytes]:
     """Map attribute type (flags masked off) to payload for the TLVs in ``buf[start:end]``.
 
-    A repeated type keeps the last value: neither NFLOG nor ctnetlink repeats the types read here.
+    A repeated type keeps the last value: NFLOG does not repeat the types read here.
     """
     out: dict[int, bytes] = {}
     off = start

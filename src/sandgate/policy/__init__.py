@@ -1,0 +1,18 @@
+"""The policy model and its TOML loading, address classes, domain patterns, and ``decide()``:
+every verdict. Pure: no sockets, no kernel.
+"""
+
+__all__ = [
+    "classify",
+    "decide",
+    "dnsnames",
+    "exemptions",
+    "hostparse",
+    "load",
+    "locate",
+    "model",
+    "patterns",
+    "pins",
+    "profile",
+    "requests",
+]

@@ -1,0 +1,9 @@
+"""The probe catalogue, the never-rules, and the driver that runs inside a guest.
+"""
+
+__all__ = [
+    "catalogue",
+    "driver",
+    "invariants",
+    "runner",
+]

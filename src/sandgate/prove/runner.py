@@ -287,7 +287,7 @@ def _session_invariants(
     questions = [e for e in events if e.kind.value == "dns" and e.name]
     answered = {e.name for e in questions if e.verdict == "allow"}
     refused = [
-        e.name
+        str(e.name)
         for e in questions
         if e.verdict == "deny" and "answers" not in e.details and e.name not in answered
     ]

@@ -1,0 +1,6 @@
+"""Terminal tables and the session report (render.py, session.py)."""
+
+__all__ = [
+    "render",
+    "session",
+]

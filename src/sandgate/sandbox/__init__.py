@@ -1,0 +1,10 @@
+"""Launching a guest: the bubblewrap process, per-session limits, the workspace.
+"""
+
+__all__ = [
+    "bwrap",
+    "launch",
+    "privilege",
+    "tree",
+    "workspace",
+]

@@ -11,19 +11,25 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import os
 import secrets
 import shutil
+import signal
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandgate import cleanup
+from sandgate import cleanup, pids
+from sandgate.agents.frameworks import world_script
 from sandgate.errors import SandgateError
 from sandgate.gateway import manage
-from sandgate.gateway.config import GatewayConfig, Uplink, run_dir
+from sandgate.gateway.config import GatewayConfig, run_dir
 from sandgate.gateway.manage import GatewayHandle
+from sandgate.net.links import Uplink
 from sandgate.policy.load import Policy, load_policy
 from sandgate.world.topology import TestWorld, WorldInfo
 
@@ -82,7 +88,11 @@ def bring_up(
     cleanup.own(f"instance-{name}")
     tw = None
     if world:
-        tw = TestWorld(name, on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid))
+        tw = TestWorld(
+            name,
+            on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid),
+            model_script=world_script(),
+        )
     handle: GatewayHandle | None = None
     try:
         info = tw.up() if tw is not None else None
@@ -255,3 +265,45 @@ def load_world(path: Path) -> WorldInfo | None:
         namespaces=tuple(raw["namespaces"]),
         gateway_env=raw.get("gateway_env", {}),
     )
+
+
+# -- `sandgate up` / `sandgate down` --------------------------------------------------------------
+
+UP_PID = "up.pid"  # in the instance's run dir: the `sandgate up` process that keeps it
+
+
+def keep_up(
+    stack: Stack,
+    stopping: threading.Event,
+    *,
+    died: Callable[[], None],
+    restarted: Callable[[], None],
+    poll: float = 0.2,
+) -> None:
+    """Keep ``stack``'s gateway until ``stopping`` is set: a daemon that dies is restarted (its
+    guests re-attached). ``died``/``restarted`` tell the caller; a failed restart raises
+    ``SandgateError``. The pid of this process is recorded for ``stop_up``. The caller tears
+    the stack down."""
+    (run_dir(stack.instance) / UP_PID).write_text(str(os.getpid()))
+    while not stopping.is_set():
+        if not stack.gateway.alive():
+            died()
+            stack.restart_gateway()
+            restarted()
+        time.sleep(poll)
+
+
+def stop_up(instance: str, timeout: float = 20.0) -> bool:
+    """SIGTERM the `sandgate up` keeping ``instance`` (if its pid is still ours) and wait for it
+    to end; True if there was one."""
+    try:
+        pid = int((run_dir(instance) / UP_PID).read_text())
+    except (OSError, ValueError):
+        return False
+    if not pids.is_ours(pid, "sandgate"):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and pids.alive(pid):
+        time.sleep(0.1)
+    return True

@@ -1,0 +1,9 @@
+"""The test world for demo, prove, tests and benchmarks: namespaces, servers, fixtures.
+Imports no agents: whoever builds it hands it the model servers' script.
+"""
+
+__all__ = [
+    "fixtures",
+    "servers",
+    "topology",
+]

@@ -26,10 +26,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sandgate.agents.frameworks import world_script
-from sandgate.gateway.config import Uplink
+from sandgate.gateway.proxy.ca import CA, make_ca, write_pair
 from sandgate.net import ns
-from sandgate.world.ca import CA, make_ca, write_pair
+from sandgate.net.links import Uplink
 from sandgate.world.fixtures import build_fixtures
 from sandgate.world.servers.launch import Running, start
 
@@ -126,6 +125,9 @@ class TestWorld:
     info: WorldInfo | None = None
     api_key: str = ""
     on_start: Callable[[int], None] | None = None  # told each server's pid as it starts
+    # The model servers' scripted turns (agents.frameworks.world_script(), given by whoever
+    # builds the world: the test world imports no agents); None: every chat is echoed.
+    model_script: dict[str, Any] | None = None
 
     def ns(self, role: str) -> str:
         return f"sg-{self.instance}-{role}"
@@ -287,7 +289,7 @@ class TestWorld:
         self.servers.append(self._start("web", web_cfg, logs["web"], wan))
         # The model servers replay scripted turns (tool calls) for the real agent frameworks'
         # tasks, matched by the task marker in the first message; anything else is echoed.
-        script = world_script()
+        script = self.model_script
         model_cfg = {"listen": [f"{MODEL}:{MODEL_PORT}"], "script": script}
         self.servers.append(self._start("model", model_cfg, logs["model"], model))
         # A hosted model API that wants a key: what placeholder credentials are swapped for.

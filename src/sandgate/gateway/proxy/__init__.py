@@ -1,0 +1,19 @@
+"""The proxy: its two doors (server.py), the SNI gate in the kernel's path (tlsgate.py,
+firstflight.py, sni.py), passthrough (relay.py), inspection and its CA (tls.py, ca.py),
+HTTP/1.1 (http1.py, httphead.py) and the secret swap (credentials.py). Never the daemon.
+"""
+
+__all__ = [
+    "ca",
+    "chunked",
+    "credentials",
+    "firstflight",
+    "flow",
+    "http1",
+    "httphead",
+    "relay",
+    "server",
+    "sni",
+    "tls",
+    "tlsgate",
+]

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandgate.events.schema import Category, Event, Kind
-from sandgate.gateway.attribution import FlowKey
+from sandgate.events.schema import Category, Event, FlowKey, Kind
 from sandgate.gateway.proxy.credentials import Secret
 from sandgate.net.compile import GuestLink
 from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from sandgate.events.store import default_home
-from sandgate.world.ca import CA, make_ca
+from sandgate.gateway.proxy.ca import CA, make_ca
 
 LEAF_CACHE = 512
 ALPN = ["http/1.1"]

@@ -40,7 +40,7 @@ import dns.rdataclass
 import dns.rdatatype
 from pydantic import BaseModel, ConfigDict
 
-from sandgate.world.ca import CA
+from sandgate.gateway.proxy.ca import CA
 from sandgate.world.servers.dnszone import Zone, ZoneSpec, answer, build_zones
 from sandgate.world.servers.httpio import Request, Response, bound_addrs, start_http, text_response
 from sandgate.world.servers.runtime import (

@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandgate.world.ca import CA, write_pair
+from sandgate.gateway.proxy.ca import CA, write_pair
 from sandgate.world.servers.chatwire import (
     Script,
     choose_reply,

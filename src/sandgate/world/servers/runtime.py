@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from sandgate.world.ca import CA, IPLike
+from sandgate.gateway.proxy.ca import CA, IPLike
 
 __all__ = [
     "Addr",

@@ -8,7 +8,7 @@ Config (flags of the same name override it)::
     {
       "http":  ["203.0.113.10:80"],            # plain HTTP listeners (port 0: any free one)
       "https": ["203.0.113.10:443"],           # TLS listeners; need ca_dir
-      "ca_dir": "/run/sg/world-ca",            # ca.pem + ca.key from sandgate.world.ca
+      "ca_dir": "/run/sg/world-ca",            # ca.pem + ca.key from sandgate.gateway.proxy.ca
       "h2": true,                              # offer HTTP/2 by ALPN on HTTPS
       "delay_ms": 0,                           # pause before every response
       "lockstep_timeout": 30,
@@ -53,7 +53,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandgate.world.ca import CA
+from sandgate.gateway.proxy.ca import CA
 from sandgate.world.servers.gitcgi import handle_git
 from sandgate.world.servers.httpio import (
     Request,

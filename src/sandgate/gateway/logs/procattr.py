@@ -41,31 +41,28 @@ import socket
 import time
 from dataclasses import dataclass
 
-from sandgate.gateway.procparse import (
+from sandgate.gateway.logs.procparse import (
     _MAX_SOCKETS,
-    _NLMSGHDR,
     LAUNCHERS,
     MAX_DEPTH,
-    NETLINK_SOCK_DIAG,
-    PROTOCOLS,
     ProcInfo,
     ProcStat,
     Role,
     SockEntry,
     classify_chain,
-    pack_diag_request,
     parse_cmdline,
-    parse_diag_reply,
     parse_hex_address,
     parse_proc_net,
     parse_socket_link,
     parse_stat,
     parse_status_ppid,
 )
+from sandgate.net import sockdiag
 from sandgate.net.netlink import (
     NetlinkParseError,
     run_in_netns,
 )
+from sandgate.net.sockdiag import _NLMSGHDR, PROTOCOLS, pack_diag_request, parse_diag_reply
 
 __all__ = [
     "LAUNCHERS",
@@ -76,9 +73,7 @@ __all__ = [
     "Role",
     "SockEntry",
     "classify_chain",
-    "pack_diag_request",
     "parse_cmdline",
-    "parse_diag_reply",
     "parse_hex_address",
     "parse_proc_net",
     "parse_socket_link",
@@ -244,7 +239,7 @@ class ProcessFinder:
                 try:
                     if os.fstat(fd).st_ino != self.netns_inode:
                         continue  # the pid has moved or been reused since
-                    self._diag = run_in_netns(f"/proc/self/fd/{fd}", _diag_open)
+                    self._diag = run_in_netns(f"/proc/self/fd/{fd}", sockdiag.open_socket)
                     return self._diag
                 finally:
                     os.close(fd)
@@ -437,13 +432,6 @@ class ProcessFinder:
             self._exes[key] = self._exe(st.pid)
         exe = self._exes[key]
         return exe if exe is not None else st.comm
-
-
-def _diag_open() -> socket.socket:
-    kind = socket.SOCK_RAW | socket.SOCK_CLOEXEC
-    sock = socket.socket(socket.AF_NETLINK, kind, NETLINK_SOCK_DIAG)
-    sock.settimeout(1.0)
-    return sock
 
 
 def _read(path: str) -> bytes:

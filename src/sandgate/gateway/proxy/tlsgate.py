@@ -18,8 +18,7 @@ import ipaddress
 import time
 from collections.abc import Callable
 
-from sandgate.events.schema import Category, Event, Kind
-from sandgate.gateway.attribution import FlowKey
+from sandgate.events.schema import Category, Event, FlowKey, Kind
 from sandgate.gateway.proxy import sni
 from sandgate.gateway.proxy.firstflight import FirstFlights
 from sandgate.net.iptables import TlsGate

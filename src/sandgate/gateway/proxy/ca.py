@@ -1,4 +1,7 @@
-"""A small X.509 certificate authority: the test world's CA, later the gateway's inspection CA.
+"""A small X.509 certificate authority: the proxy's inspection CA (tls.py), and the test world's.
+
+The test world (world/topology.py) makes its own CA with it for its servers; production code
+never imports ``world/``, so the mechanism lives here with the proxy that depends on it.
 
 Everything here is pure (objects and PEM bytes in, objects and PEM bytes out) except
 `CA.save`, `CA.load` and `write_pair`, which touch the file system. Keys are ECDSA P-256:

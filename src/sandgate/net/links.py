@@ -16,14 +16,35 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sandgate.errors import NetError
-from sandgate.gateway.config import Uplink
 from sandgate.net import ns
 from sandgate.net.compile import GuestLink
 
 GUEST_IFNAME = "eth0"
+
+
+@dataclass(frozen=True)
+class Uplink:
+    """How the gateway reaches the outside.
+
+    kind "netns": a veth whose far end goes into namespace ``peer_netns`` (the test world's
+    LAN), enslaved to ``peer_master`` there; the gateway takes ``address`` and routes via
+    ``via``.
+    kind "pasta": the real uplink of this host, through pasta (package passt), which gives the
+    gateway a tap device and carries its traffic out as ordinary sockets of the host. Nothing
+    in the host's namespace changes: no route, no sysctl, no firewall rule, no link.
+    """
+
+    kind: Literal["netns", "pasta"]
+    address: str = ""  # CIDR, e.g. "10.77.0.2/24"
+    via: str = ""  # next hop
+    peer_netns: str = ""
+    peer_ifname: str = ""
+    peer_master: str = ""
+    ifname: str = "up0"  # the uplink's name inside the gateway
+
 
 # Namespace-wide settings of the gateway, written before forwarding is switched on.
 GATEWAY_SYSCTLS = {

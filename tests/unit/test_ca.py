@@ -1,4 +1,4 @@
-"""The test-world CA: leaves verify against it, carry the asked SANs, keys stay private."""
+"""The CA (inspection, test world): leaves verify against it, carry their SANs, keys stay secret."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from sandgate.world.ca import CA, make_ca, write_pair
+from sandgate.gateway.proxy.ca import CA, make_ca, write_pair
 
 
 @pytest.fixture(scope="module")

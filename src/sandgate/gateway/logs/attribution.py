@@ -18,9 +18,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sandgate.events.schema import Event
-
-FlowKey = tuple[str, str, int | None, str, int | None]  # guest, protocol, sport, dst, dport
+from sandgate.events.schema import Event, FlowKey
 
 
 @dataclass

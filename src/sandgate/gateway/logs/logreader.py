@@ -10,8 +10,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 
-from sandgate.events.schema import Event, Kind, category_of
-from sandgate.gateway.attribution import FlowKey
+from sandgate.events.schema import Event, FlowKey, Kind, category_of
 from sandgate.net.compile import Site
 from sandgate.net.nflog import NflogPacket
 from sandgate.policy.classify import classify

@@ -24,9 +24,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sandgate.gateway.attribution import FlowKey
-from sandgate.gateway.logreader import proto_name
-from sandgate.gateway.procattr import ProcessFinder
+from sandgate.events.schema import FlowKey
+from sandgate.gateway.logs.logreader import proto_name
+from sandgate.gateway.logs.procattr import ProcessFinder
 from sandgate.net import iptables, ns
 from sandgate.net.nfqueue import NfqueueSocket, QueuedPacket
 
