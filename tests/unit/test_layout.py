@@ -28,8 +28,8 @@ EXPORTS = {
     ],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],
     "sandgate.gateway.proxy": [
-        "ca", "chunked", "credentials", "firstflight", "flow", "http1", "httphead", "relay", "server", "sni",
-        "tls", "tlsgate",
+        "ca", "chunked", "credentials", "firstflight", "flow", "http1", "httphead", "relay",
+        "server", "sni", "tls", "tlsgate",
     ],
     "sandgate.net": [
         "compile", "iphead", "iptables", "links", "netlink", "nflog", "nfqueue", "nft", "ns",
