@@ -23,7 +23,7 @@ import dns.name
 import dns.rcode
 import dns.rrset
 
-from sandgate.gateway import dnslogic as L
+from sandgate.gateway.dns import dnslogic as L
 
 FAST_Q, FAST_A = L._fast_question, L._fast_answer
 

@@ -101,7 +101,8 @@ def test_adhoc_allow_and_deny_rules(sandbox: Runner) -> None:
         deny=["www.example.com"],
     )
     events = sandbox.events(r)
-    assert dns(events, "example.com")[0].rule == "--allow[0] (example.com)"
+    asked = [e for e in dns(events, "example.com") if e.details.get("qtype") == "A"]
+    assert asked[0].rule == "--allow[0] (example.com)"
     assert http(events, "203.0.113.10", 443)[0].verdict == "allow"
     denied = [e for e in dns(events, "www.example.com") if e.details.get("qtype") == "A"]
     assert denied and denied[0].reason == "deny.rule"

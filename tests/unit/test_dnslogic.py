@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sandgate.gateway import dnslogic as L
+from sandgate.gateway.dns import dnslogic as L
 from sandgate.policy.classify import classify
 
 FAST_QUESTION, FAST_ANSWER = L._fast_question, L._fast_answer

@@ -23,9 +23,10 @@ EXPORTS = {
     "sandgate.agents": ["demo_agent", "frameworks", "registry", "scripted_agent"],
     "sandgate.events": ["schema", "store"],
     "sandgate.gateway": [
-        "config", "control", "daemon", "dnslogic", "integrity", "logs", "manage", "proxy",
-        "registry", "resolver", "selfcheck", "server", "upstream", "watchdog",
+        "config", "control", "daemon", "dns", "guests", "integrity", "lifecycle", "logfeed",
+        "logs", "manage", "proxy", "registry", "selfcheck", "server", "sink", "watchdog",
     ],
+    "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],
     "sandgate.gateway.proxy": [
         "ca", "chunked", "credentials", "firstflight", "flow", "http1", "httphead", "relay",
@@ -83,8 +84,7 @@ NEVER = [
     Rule("sandgate.gateway", "sandgate.world", "production code imports no test world"),
     Rule("sandgate.gateway.proxy", "sandgate.gateway.server", "the proxy is handed lookups"),
     Rule("sandgate.gateway.logs", "sandgate.gateway.server", "the log readers are handed a sink"),
-    Rule("sandgate.gateway.resolver", "sandgate.gateway.server", "the resolver: lookups"),
-    Rule("sandgate.gateway.dnslogic", "sandgate.gateway.server", "the resolver: lookups"),
+    Rule("sandgate.gateway.dns", "sandgate.gateway.server", "the resolver: lookups"),
     Rule("sandgate.gateway.selfcheck", "sandgate.gateway.server", "a Protocol of what it needs"),
     Rule("sandgate.agents", "sandgate.session", "agents are data the runner runs"),
     Rule("sandgate.world", "sandgate.agents", "the test world is handed its script"),
@@ -94,9 +94,7 @@ NEVER = [
 SERVICES = {
     "sandgate.gateway.proxy": ("sandgate.gateway.proxy",),
     "sandgate.gateway.logs": ("sandgate.gateway.logs",),
-    "sandgate.gateway.resolver": ("sandgate.gateway.dnslogic", "sandgate.gateway.upstream"),
-    "sandgate.gateway.dnslogic": (),
-    "sandgate.gateway.upstream": (),
+    "sandgate.gateway.dns": ("sandgate.gateway.dns",),
 }
 
 # Import circles between modules (lazy imports included), each with the reason it stays.

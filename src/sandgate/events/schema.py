@@ -13,7 +13,10 @@ import json
 import operator
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from sandgate.policy.decide import Decision
 
 
 class Kind(enum.StrEnum):
@@ -141,6 +144,31 @@ class Event:
         values["kind"] = Kind(values["kind"])
         values["details"] = json.loads(values["details"]) if values["details"] else {}
         return cls(**values)
+
+    @classmethod
+    def attempt(
+        cls,
+        kind: Kind,
+        decision: Decision | None,
+        *,
+        protocol: str | None = None,
+        port: int | None = None,
+        category: str | None = None,
+        **fields: Any,
+    ) -> Event:
+        """The canonical record of one attempt, with its ``Decision`` inside: verdict, reason
+        key and rule are read from the decision here, and nowhere else (no enforcer copies
+        them as strings). ``decision`` None: an attempt not (yet) judged."""
+        return cls(
+            kind=kind,
+            verdict=decision.verdict.value if decision is not None else None,
+            reason=decision.key if decision is not None else None,
+            rule=decision.rule_ref if decision is not None else None,
+            protocol=protocol,
+            port=port,
+            category=category or category_of(protocol, port).value,
+            **fields,
+        )
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Event:

@@ -1,22 +1,26 @@
-"""The daemon outside every sandbox, as a composition root: the guest table (server.py), its
-config and control socket, starting and finding daemons (manage.py), the self-check and
-watchdog. Its services live in ``proxy/`` and ``logs/`` (and the resolver), each handed a
-sink and lookups, never the daemon. Imports nothing from ``session/`` or ``world/``.
+"""The daemon outside every sandbox, as a composition root (server.py): the guest table
+(guests.py), the event sink (sink.py), guest lifecycle (lifecycle.py), the kernel's logs into
+the sink (logfeed.py), its config and control socket, starting and finding daemons
+(manage.py), the self-check and watchdog. Its services live in ``proxy/``, ``logs/`` and
+``dns/``, each handed a sink and lookups, never the daemon. Imports nothing from
+``session/`` or ``world/``.
 """
 
 __all__ = [
     "config",
     "control",
     "daemon",
-    "dnslogic",
+    "dns",
+    "guests",
     "integrity",
+    "lifecycle",
+    "logfeed",
     "logs",
     "manage",
     "proxy",
     "registry",
-    "resolver",
     "selfcheck",
     "server",
-    "upstream",
+    "sink",
     "watchdog",
 ]

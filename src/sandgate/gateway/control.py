@@ -4,19 +4,24 @@ Request  ``{"op": "...", ...}``  →  reply ``{"ok": true, ...}`` or
 ``{"ok": false, "error": "...", "fix": "..."}``. The ``watch`` op streams events, one JSON
 object per line, until the client goes away.
 
-Ops: ``ping``, ``add_guest``, ``remove_guest``, ``status``, ``flush``, ``watch``,
-``check`` (integrity), ``shutdown``.
+Ops (the daemon's dispatch table, gateway/server.py): ``ping``, ``add_guest``,
+``remove_guest``, ``status``, ``flush``, ``check`` (integrity), ``snapshot``, ``reload``,
+``fault`` (tests), ``shutdown``; and ``watch``, served here from the event sink.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
-from collections.abc import Iterator
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from sandgate.errors import GatewayError
+from sandgate.errors import GatewayError, SandgateError
 
 MAX_LINE = 1 << 20
 
@@ -30,6 +35,49 @@ def decode(line: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ValueError("a control message must be a JSON object")
     return obj
+
+
+Op = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Watch = Callable[[], contextlib.AbstractContextManager[asyncio.Queue[Any]]]
+
+
+async def serve_client(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ops: Mapping[str, Op], watch: Watch
+) -> None:
+    """One control connection: each line an op from ``ops``, each answered with a line."""
+    try:
+        while line := await reader.readline():
+            try:
+                msg = decode(line)
+                op = str(msg.get("op"))
+                if op == "watch":
+                    await _watch(writer, watch)
+                    return
+                handler = ops.get(op)
+                if handler is None:
+                    raise SandgateError(f"unknown control op {op!r}", ", ".join(sorted(ops)))
+                reply = {"ok": True, **await handler(msg)}
+            except SandgateError as exc:
+                reply = {"ok": False, "error": exc.message, "fix": exc.fix}
+            except (ValueError, KeyError, TypeError) as exc:
+                reply = {"ok": False, "error": f"bad request: {exc}"}
+            except Exception as exc:  # report, never die of one request
+                traceback.print_exc(file=sys.stderr)
+                reply = {"ok": False, "error": f"internal error: {exc}"}
+            writer.write(encode(reply))
+            await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _watch(writer: asyncio.StreamWriter, watch: Watch) -> None:
+    with watch() as q:
+        while True:
+            event = await q.get()
+            writer.write(encode(event.as_json()))
+            await writer.drain()
 
 
 class ControlClient:

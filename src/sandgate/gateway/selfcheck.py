@@ -20,10 +20,10 @@ from sandgate.errors import SandgateError
 from sandgate.events.schema import Event
 from sandgate.gateway import integrity
 from sandgate.gateway.config import GatewayConfig
+from sandgate.gateway.dns.resolver import GuestDNS, Resolver
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import Proxy
 from sandgate.gateway.proxy.tlsgate import GateReader
-from sandgate.gateway.resolver import GuestDNS, Resolver
 from sandgate.net import iptables
 from sandgate.net.compile import (
     GuestLink,

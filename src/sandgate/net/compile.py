@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandgate.policy.decide import GATEWAY_PROXY_PORTS, Reason
+from sandgate.policy.decide import GATEWAY_PROXY_PORTS, Decision, Reason, allow, deny
 from sandgate.policy.exemptions import inner_special, is_exemption, special4
 from sandgate.policy.model import IPNetwork, Mode, Protocol
 from sandgate.policy.pins import PinRule, pinned_rules
@@ -55,14 +55,24 @@ class Limits:
 
 @dataclass(frozen=True)
 class Site:
-    """One place in the ruleset that decides: what its log lines mean."""
+    """One place in the ruleset that decides: the Decision its log lines carry."""
 
     prefix: str  # the NFLOG prefix, e.g. "sg:g5:3"
     guest: str | None  # guest link name, None for gateway-wide sites
-    verdict: str  # "allow" | "deny"
-    reason: str  # Reason key, e.g. "deny.special" (refined by the reader from the address)
-    rule: str | None = None  # rule reference and label, e.g. "coder.allow[0] (model server)"
+    decision: Decision  # deny.special is told its address by the reader (at_address)
     counter: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return self.decision.verdict.value
+
+    @property
+    def reason(self) -> str:
+        return self.decision.key
+
+    @property
+    def rule(self) -> str | None:
+        return self.decision.rule_ref
 
 
 @dataclass(frozen=True)
@@ -108,14 +118,7 @@ class _Builder:
         self.add("rule", chain=chain, expr=list(expr))
 
     def site(
-        self,
-        chain_prefix: str,
-        guest: str | None,
-        verdict: str,
-        reason: str,
-        rule: Rule | None = None,
-        *,
-        log: bool = True,
+        self, chain_prefix: str, guest: str | None, decision: Decision, *, log: bool = True
     ) -> Json:
         """Make a verdict chain; return the ``jump`` statement that leads to it."""
         n = sum(1 for s in self.sites.values() if s.guest == guest)
@@ -128,7 +131,7 @@ class _Builder:
         # inet filter chains refuse (a TCP reset or ICMP administratively prohibited), so a
         # client fails at once instead of hanging on a timeout; netdev chains can only drop.
         refuse: Json = {"goto": {"target": "refuse"}} if self.family == "inet" else {"drop": None}
-        if verdict == "deny":
+        if not decision.allowed:
             if log:
                 self.rule(name, _limit_over(self.limits), refuse)
                 self.rule(name, _log(prefix, GROUP_DROP), refuse)
@@ -142,18 +145,16 @@ class _Builder:
                     name, _match(_ct_mark_bit(), 0), _set_ct_mark_bit(), _log(prefix, GROUP_ACCEPT)
                 )
             self.rule(name, {"accept": None})
-        self.sites[prefix] = Site(
-            prefix, guest, verdict, reason, str(rule) if rule else None, counter
-        )
+        self.sites[prefix] = Site(prefix, guest, decision, counter)
         return {"jump": {"target": name}}
 
-    def mark(self, guest: str | None, verdict: str, reason: str) -> list[Json]:
+    def mark(self, guest: str | None, decision: Decision) -> list[Json]:
         """A logging site inside another rule (no verdict of its own): counter, limit, log."""
         n = sum(1 for s in self.sites.values() if s.guest == guest)
         prefix = f"sg:{guest or '-'}:{n}"
         counter = f"c_mark_{n}"
         self.add("counter", name=counter)
-        self.sites[prefix] = Site(prefix, guest, verdict, reason, None, counter)
+        self.sites[prefix] = Site(prefix, guest, decision, counter)
         return [{"counter": counter}, _limit(self.limits), _log(prefix, GROUP_DROP)]
 
 
@@ -195,10 +196,10 @@ def base_ruleset(
     b.add("chain", name="prerouting", type="nat", hook="prerouting", prio=-100, policy="accept")
     b.add("chain", name="postrouting", type="nat", hook="postrouting", prio=100, policy="accept")
 
-    invalid = b.site("gw", None, "deny", "deny.invalid")
-    ipv6 = b.site("gw", None, "deny", Reason.IPV6.key)
-    inbound = b.site("gw", None, "deny", "deny.inbound")
-    unknown = b.site("gw", None, "deny", "deny.unknown_link")
+    invalid = b.site("gw", None, deny(Reason.INVALID))
+    ipv6 = b.site("gw", None, deny(Reason.IPV6))
+    inbound = b.site("gw", None, deny(Reason.INBOUND))
+    unknown = b.site("gw", None, deny(Reason.UNKNOWN_LINK))
     b.rule("forward", _ct_state("established", "related"), {"accept": None})
     b.rule("forward", _ct_state("invalid"), invalid)
     b.rule("forward", _match(_meta("nfproto"), "ipv6"), ipv6)
@@ -221,7 +222,7 @@ def base_ruleset(
         _match(_payload("th", "dport"), 53),
     ]
     not_local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local", op="!=")
-    b.rule("prerouting", *dns, not_local, *b.mark(None, "deny", Reason.DNS_REDIRECT.key))
+    b.rule("prerouting", *dns, not_local, *b.mark(None, deny(Reason.DNS_REDIRECT)))
     b.rule("prerouting", *dns, {"redirect": {"port": 53}})
     # Plain HTTP goes to the proxy, which judges every request's Host. TLS stays in the kernel,
     # its ClientHello held for a verdict on the SNI (the TLS gate, net/iptables.py), except
@@ -275,16 +276,16 @@ def guest_add(
 
     for rule in profile.deny:
         if rule.spec.network is not None and rule.spec.network.version == 4:
-            b.rule(fwd, *_rule_match(rule), b.site(fwd, g, "deny", Reason.RULE_DENY.key, rule))
+            b.rule(fwd, *_rule_match(rule), b.site(fwd, g, deny(Reason.RULE_DENY, rule=rule)))
     b.rule(
         fwd,
         _match(_payload("ip", "daddr"), _prefix(profile.guest_pool)),
-        b.site(fwd, g, "deny", Reason.LATERAL.key),
+        b.site(fwd, g, deny(Reason.LATERAL)),
     )
     # Addresses the guest learnt under a name that a port-scoped deny rule speaks to.
     for pin in pins:
         if pin.action == "deny":
-            b.rule(fwd, *_pin_match(g, pin), b.site(fwd, g, "deny", Reason.RULE_DENY.key, pin.rule))
+            b.rule(fwd, *_pin_match(g, pin), b.site(fwd, g, deny(Reason.RULE_DENY, rule=pin.rule)))
     for rule in profile.allow:
         net = rule.spec.network
         if net is None or net.version != 4:
@@ -293,37 +294,31 @@ def guest_add(
         exclude = (
             [_match(_payload("ip", "daddr"), {"set": _prefixes(inner)}, op="!=")] if inner else []
         )
-        reason = (
-            Reason.EXEMPT.key
-            if is_exemption(net, profile.public_override)
-            else Reason.RULE_ALLOW.key
-        )
-        b.rule(fwd, *_rule_match(rule), *exclude, b.site(fwd, g, "allow", reason, rule))
-    b.rule(
-        fwd, _match(_payload("ip", "daddr"), "@special4"), b.site(fwd, g, "deny", "deny.special")
-    )
+        reason = Reason.EXEMPT if is_exemption(net, profile.public_override) else Reason.RULE_ALLOW
+        b.rule(fwd, *_rule_match(rule), *exclude, b.site(fwd, g, allow(reason, rule)))
+    b.rule(fwd, _match(_payload("ip", "daddr"), "@special4"), b.site(fwd, g, deny(Reason.SPECIAL)))
     b.rule(
         fwd,
         _match(_meta("l4proto"), "udp"),
         _match(_payload("th", "dport"), 443),
-        b.site(fwd, g, "deny", Reason.QUIC.key),
+        b.site(fwd, g, deny(Reason.QUIC)),
     )
     b.rule(
         fwd,
         _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
         _match(_payload("th", "dport"), 853),
-        b.site(fwd, g, "deny", Reason.DNS_BYPASS.key),
+        b.site(fwd, g, deny(Reason.DNS_BYPASS)),
     )
     if profile.mode is Mode.OPEN:
-        b.rule(fwd, b.site(fwd, g, "allow", Reason.OPEN.key))
+        b.rule(fwd, b.site(fwd, g, allow(Reason.OPEN)))
     elif profile.mode is Mode.ALLOWLIST:
         for pin in pins:
             if pin.action == "allow":
-                site = b.site(fwd, g, "allow", Reason.PINNED.key, pin.rule)
+                site = b.site(fwd, g, allow(Reason.PINNED, pin.rule))
                 b.rule(fwd, *_pin_match(g, pin), site)
-        b.rule(fwd, b.site(fwd, g, "deny", Reason.NOT_ALLOWLISTED.key))
+        b.rule(fwd, b.site(fwd, g, deny(Reason.NOT_ALLOWLISTED)))
     else:
-        b.rule(fwd, b.site(fwd, g, "deny", Reason.LOCKED.key))
+        b.rule(fwd, b.site(fwd, g, deny(Reason.LOCKED)))
 
     # The gateway itself: the guest's own resolver and nothing else.
     own = _match(_payload("ip", "daddr"), str(link.gateway))
@@ -341,8 +336,8 @@ def guest_add(
         _match(_payload("th", "dport"), {"set": list(PROXY_PORTS)}),
         {"accept": None},
     )
-    b.rule(inp, own, b.site(inp, g, "deny", Reason.GATEWAY_PORT.key))
-    b.rule(inp, b.site(inp, g, "deny", Reason.LATERAL.key))
+    b.rule(inp, own, b.site(inp, g, deny(Reason.GATEWAY_PORT)))
+    b.rule(inp, b.site(inp, g, deny(Reason.LATERAL)))
 
     b.add("element", name="fwd", elem=[[g, {"jump": {"target": fwd}}]])
     b.add("element", name="in", elem=[[g, {"jump": {"target": inp}}]])
@@ -358,11 +353,11 @@ def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[st
     chain = f"ing_{g}"
     b.add("chain", name=chain, type="filter", hook="ingress", dev=g, prio=-500, policy="drop")
     # Sites are numbered apart from the inet table's by their chain-name prefix.
-    mac_spoof = b.site(f"l2_{g}", f"{g}/l2", "deny", "deny.spoof_mac")
-    ip_spoof = b.site(f"l2_{g}", f"{g}/l2", "deny", "deny.spoof_ip")
-    arp_spoof = b.site(f"l2_{g}", f"{g}/l2", "deny", "deny.spoof_arp")
-    ipv6 = b.site(f"l2_{g}", f"{g}/l2", "deny", Reason.IPV6.key)
-    other = b.site(f"l2_{g}", f"{g}/l2", "deny", "deny.ethertype")
+    mac_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_MAC))
+    ip_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_IP))
+    arp_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_ARP))
+    ipv6 = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.IPV6))
+    other = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.ETHERTYPE))
     ether_type = _payload("ether", "type")
     b.rule(chain, _match(_payload("ether", "saddr"), link.mac, op="!="), mac_spoof)
     b.rule(

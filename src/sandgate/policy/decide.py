@@ -62,6 +62,13 @@ class Reason(enum.Enum):
     FRONTING = ("deny.fronting", "the names in one connection disagree (domain fronting)")
     EXFILTRATION = ("deny.exfiltration", "a placeholder credential sent to another host")
     PROTOCOL = ("deny.protocol", "the request breaks its protocol")
+    INVALID = ("deny.invalid", "a packet that belongs to no connection")
+    INBOUND = ("deny.inbound", "unsolicited traffic from the uplink")
+    UNKNOWN_LINK = ("deny.unknown_link", "a link the gateway was not given")
+    SPOOF_MAC = ("deny.spoof_mac", "a source MAC that is not the guest's")
+    SPOOF_IP = ("deny.spoof_ip", "a source address that is not the guest's")
+    SPOOF_ARP = ("deny.spoof_arp", "ARP that claims an address not the guest's")
+    ETHERTYPE = ("deny.ethertype", "a frame type the gateway does not route")
     FRONT = ("allow.front", "a service the gateway itself offers over TLS (front)")
     GATEWAY_PROXY = ("allow.gateway_proxy", "the guest's own gateway proxy")
     SPECIAL_NAME = ("deny.special_name", "a special-use name that must not leave the gateway")
@@ -111,6 +118,17 @@ class Decision:
 
     def explain(self) -> str:
         return f"{self.reason.label}: {self.detail}" if self.detail else self.reason.label
+
+
+def at_address(decision: Decision, address: IPAddress | None) -> Decision:
+    """A decision made for a whole range (the kernel's special-purpose site), told which
+    address it met: ``deny.special`` becomes the address's class, ``deny.private``."""
+    if decision.reason is not Reason.SPECIAL or address is None or decision.classification:
+        return decision
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    cls = classify(address)
+    return deny(Reason.SPECIAL, f"{address} is {_describe(cls)}", classification=cls)
 
 
 def allow(reason: Reason, rule: Rule | None = None, detail: str = "", **kw: object) -> Decision:
@@ -314,6 +332,7 @@ __all__ = [
     "Reason",
     "Verdict",
     "allow",
+    "at_address",
     "decide",
     "decide_answer",
     "decide_name",

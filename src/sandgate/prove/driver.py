@@ -37,8 +37,8 @@ def tcp(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         # refusals are ICMP "administratively prohibited" (no route to host).
         return "allow", {"sport": locals().get("sport"), "error": "refused by the destination"}
     except TimeoutError:
-        # The gateway refuses at once; silence means it let the SYN through to nobody.
-        return "allow", {"sport": locals().get("sport"), "error": "no answer beyond the gateway"}
+        # Neither the gateway's refusal nor the far end's answer: the gateway's record tells.
+        return "silent", {"sport": locals().get("sport"), "error": "TimeoutError"}
     except OSError as exc:
         return "deny", {"sport": locals().get("sport"), "error": exc.__class__.__name__}
     finally:

@@ -247,6 +247,10 @@ def _judge(
         return result("FAIL", "-", "-", "the driver did not report this probe")
     observed = str(seen.get("observed"))
     logged = _logged(probe, seen, events)
+    if observed == "silent":
+        # No refusal and no answer: the gateway let it pass (to nobody) if it recorded an
+        # allow; otherwise it is counted as refused, as before there was a record to read.
+        observed = "allow" if probe.expected == "allow" and logged == "yes" else "deny"
     broken = never(wiring, *probe_target(probe.args)) if wiring is not None else None
     if broken is not None and (probe.expected == "allow" or observed == "allow"):
         return result(

@@ -1,8 +1,9 @@
 """NFLOG packets → events. Pure: a packet and the ruleset's sites in, an event out.
 
 The prefix of each log line names a ``Site`` of the compiled ruleset (net/compile.py), which
-says guest, verdict, reason and rule. Addresses refine the reason where the site is generic:
-a drop at the special-ranges site becomes ``deny.private``, ``deny.metadata``, ...
+carries its ``Decision`` (guest, verdict, reason, rule). The policy tells a decision made for a
+whole range which address it met (``at_address``): a drop at the special-ranges site becomes
+``deny.private``, ``deny.metadata``, ...
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Callable
 from sandgate.events.schema import Event, FlowKey, Kind, category_of
 from sandgate.net.compile import Site
 from sandgate.net.nflog import NflogPacket
-from sandgate.policy.classify import classify
+from sandgate.policy.decide import at_address
+from sandgate.policy.model import IPAddress
 
 PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 58: "ipv6-icmp", 132: "sctp"}
 ICMP_ECHO = 8
@@ -51,7 +53,7 @@ def gateway_event(
         session = found[1]
     proto = proto_name(pkt.proto)
     port = pkt.dport if proto in ("tcp", "udp") else None
-    reason = _refine(site.reason, pkt.dst)
+    decision = at_address(site.decision, _address(pkt.dst))
     details: dict[str, object] = {"site": site.prefix}
     if pkt.sport is not None:
         details["sport"] = pkt.sport
@@ -63,14 +65,12 @@ def gateway_event(
         proto = "arp"
     elif pkt.family == 10 or (pkt.dst is not None and ":" in pkt.dst):
         proto = "ipv6-icmp" if pkt.proto == 58 else (proto or "ipv6")
-    event = Event(
-        kind=Kind.CONN,
+    event = Event.attempt(
+        Kind.CONN,
+        decision,
         ts=pkt.timestamp or 0.0,
         session=session,
         guest=guest,
-        verdict=site.verdict,
-        rule=site.rule,
-        reason=reason,
         category=category_of(proto, port).value
         if site.guest is None or "/l2" not in site.guest
         else "L2",
@@ -89,10 +89,8 @@ def guest_flow(guest: str, pkt: NflogPacket) -> tuple[FlowKey, int | None]:
     return flow_key(guest, pkt), pkt.uid
 
 
-def _refine(reason: str, dst: str | None) -> str:
-    if reason != "deny.special" or dst is None:
-        return reason
+def _address(text: str | None) -> IPAddress | None:
     try:
-        return f"deny.{classify(ipaddress.ip_address(dst)).cls.value}"
+        return ipaddress.ip_address(text) if text is not None else None
     except ValueError:
-        return reason
+        return None

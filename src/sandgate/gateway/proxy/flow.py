@@ -96,7 +96,6 @@ class Record:
     started: float = field(default_factory=time.monotonic)
     address: str | None = None
     decision: Decision | None = None
-    reason_override: str | None = None
     credentials: list[str] = field(default_factory=list)
     note: str | None = None
 
@@ -129,13 +128,11 @@ class Record:
                 details[key] = value
         if self.credentials:
             details["credentials"] = self.credentials
-        return Event(
-            kind=Kind.HTTP,
+        return Event.attempt(
+            Kind.HTTP,
+            d,
             session=self.guest.session,
             guest=self.guest.link.ifname,
-            verdict=d.verdict.value if d else None,
-            rule=d.rule_ref if d else None,
-            reason=self.reason_override or (d.key if d else None),
             category=Category.TCP.value,
             src=self.client[0],
             dst=self.address or self._asked_for(),

@@ -322,7 +322,6 @@ def _exchange(
             found = scanner.feed(event.data)
             if found is not None:
                 rec.decision = placeholder_sent(found, rec.host, "body")
-                rec.reason_override = Reason.EXFILTRATION.key
                 rec.status = 403
                 return False
             rec.bytes_up += len(event.data)

@@ -95,13 +95,11 @@ class GateReader:
         self.judged += 1
         found = self._guest_of(first.src or "")
         link, session = (found[0], found[1]) if found else (None, None)
-        event = Event(
-            kind=Kind.HTTP,
+        event = Event.attempt(
+            Kind.HTTP,
+            d,
             session=session,
             guest=link,
-            verdict=d.verdict.value,
-            rule=d.rule_ref,
-            reason=d.key,
             category=Category.TCP.value,
             src=first.src,
             dst=first.dst,

@@ -30,11 +30,11 @@ from ipaddress import IPv4Address
 from typing import Any
 
 from sandgate.events.schema import Category, Event, FlowKey, FrozenDetails, Kind
-from sandgate.gateway import dnslogic
-from sandgate.gateway.upstream import Upstream
+from sandgate.gateway.dns import dnslogic
+from sandgate.gateway.dns.upstream import Upstream
 from sandgate.net.compile import GuestLink
 from sandgate.policy import dnsnames
-from sandgate.policy.decide import Decision, Reason, allow, decide_answer
+from sandgate.policy.decide import Decision, Reason, allow, decide_answer, deny
 from sandgate.policy.pins import pin_rules
 from sandgate.policy.profile import Profile
 
@@ -77,9 +77,7 @@ class _Entry:
     expires: float
     name: str
     qtype: str
-    verdict: str
-    reason: str
-    rule: str | None
+    decision: Decision  # what the answer says; every event of it carries this
     rcode: int
     addresses: tuple[str, ...] = ()
     ttl: int = 0
@@ -176,16 +174,7 @@ class Resolver:
         except dnslogic.Malformed as exc:
             self._emit(
                 _key(guest, client, proto),
-                _event(
-                    guest,
-                    client,
-                    proto,
-                    name=None,
-                    verdict="deny",
-                    reason=Reason.PROTOCOL.key,
-                    rule=None,
-                    details={"error": str(exc)},
-                ),
+                _event(guest, client, proto, None, deny(Reason.PROTOCOL), {"error": str(exc)}),
             )
             reply(exc.reply)
             return
@@ -272,9 +261,14 @@ class Resolver:
             return _entry(wire, time.monotonic() + 2, q, decision, rcode=2)
         profile = guest.profile
 
+        refusals: list[Decision] = []
+
         def check(address: IPv4Address) -> str | None:
             d = decide_answer(profile, q.name, address)
-            return None if d.allowed else d.key
+            if d.allowed:
+                return None
+            refusals.append(d)
+            return d.key
 
         ans = dnslogic.judge_answer(q, upstream, check)
         aliased = dnsnames.judge_aliases(profile, q.name, ans.aliases, decision)
@@ -286,10 +280,8 @@ class Resolver:
                 ans.wire,
                 time.monotonic() + 60,
                 q,
-                decision,
+                refusals[-1],
                 rcode=ans.rcode,
-                verdict="deny",
-                reason=ans.refused,
                 addresses=(ans.refused_address or "",),
             )
         ttl = max(0, min(ans.ttl, TTL_CAP))
@@ -322,21 +314,7 @@ class Resolver:
         self.questions += 1
         self._emit(
             (guest.ifname, proto, client[1], guest.address, 53),
-            Event(
-                kind=Kind.DNS,
-                session=guest.session,
-                guest=guest.ifname,
-                verdict=entry.verdict,
-                rule=entry.rule,
-                reason=entry.reason,
-                category=DNS_CATEGORY,
-                src=client[0],
-                dst=guest.address,
-                port=53,
-                protocol=proto,
-                name=entry.name,
-                details=entry.details(cached=cached),
-            ),
+            _event(guest, client, proto, entry.name, entry.decision, entry.details(cached=cached)),
         )
 
     async def _tcp_client(
@@ -404,8 +382,6 @@ def _entry(
     decision: Decision,
     *,
     rcode: int,
-    verdict: str | None = None,
-    reason: str | None = None,
     **kw: Any,
 ) -> _Entry:
     return _Entry(
@@ -413,9 +389,7 @@ def _entry(
         expires=expires,
         name=q.name,
         qtype=q.type_text,
-        verdict=verdict or decision.verdict.value,
-        reason=reason or decision.key,
-        rule=decision.rule_ref,
+        decision=decision,
         rcode=rcode,
         **kw,
     )
@@ -430,18 +404,14 @@ def _event(
     client: tuple[str, int],
     proto: str,
     name: str | None,
-    verdict: str | None,
-    reason: str | None,
-    rule: str | None,
+    decision: Decision,
     details: dict[str, Any],
 ) -> Event:
-    return Event(
-        kind=Kind.DNS,
+    return Event.attempt(
+        Kind.DNS,
+        decision,
         session=guest.session,
         guest=guest.ifname,
-        verdict=verdict,
-        rule=rule,
-        reason=reason,
         category=DNS_CATEGORY,
         src=client[0],
         dst=guest.address,

@@ -1,0 +1,507 @@
+"""A guest's life on the gateway: joining (link, rules, resolver, proxy, logs, process hold, in
+that order, undone in reverse if any step fails), policy reloads, leaving, re-attaching after a
+restart, and the watchdog's canary.
+
+What a guest may do is its profile's, made once here from the guest's policy file and the
+gateway's own wiring (its pool, its test world): ``policy.profile(...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sandgate.errors import SandgateError
+from sandgate.events.schema import Event, FlowKey, Kind
+from sandgate.gateway import registry
+from sandgate.gateway.config import GatewayConfig
+from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
+from sandgate.gateway.guests import Guest, GuestTable
+from sandgate.gateway.logfeed import LogFeed
+from sandgate.gateway.logs.prochold import ProcessHold
+from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
+from sandgate.gateway.proxy.flow import ProxyGuest
+from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
+from sandgate.gateway.selfcheck import SelfCheck
+from sandgate.gateway.sink import EventSink
+from sandgate.net import ns
+from sandgate.net.compile import (
+    GROUP_GUEST,
+    TABLE,
+    GuestLink,
+    Limits,
+    Site,
+    guest_add,
+    guest_remove,
+    guest_uid_log,
+    inspect_elements,
+    pin_elements,
+)
+from sandgate.net.links import Plumber, guest_mac
+from sandgate.net.nflog import NflogSocket
+from sandgate.net.nft import Nft, batch
+from sandgate.policy.load import Policy, load_policy
+from sandgate.policy.model import Mode
+from sandgate.policy.profile import Profile
+
+NFLOG_SETTLE = 0.015  # our NFLOG groups flush their batches after 10 ms (timeout 1 cs)
+NetlinkCall = Callable[..., Awaitable[Any]]
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        table: GuestTable,
+        sink: EventSink,
+        feed: LogFeed,
+        nft: Nft,
+        limits: Limits,
+        sites: dict[str, Site],
+        resolver: Resolver,
+        proxy: Proxy,
+        check: SelfCheck,
+        netlink: ThreadPoolExecutor,
+        plumber: Plumber,
+        nl: NetlinkCall,
+    ) -> None:
+        self.cfg, self.table, self.sink, self.feed = cfg, table, sink, feed
+        self.nft, self.limits, self.sites = nft, limits, sites
+        self.resolver, self.proxy, self.check = resolver, proxy, check
+        self.netlink, self.plumber, self._nl = netlink, plumber, nl
+        self.pool = table.pool
+        self.public_override = tuple(ipaddress.ip_network(n) for n in cfg.public_override)
+        self._lock = asyncio.Lock()
+        self._detaching: set[asyncio.Task[None]] = set()
+        self.canary_worker: ns.NsThread | None = None
+
+    # -- what a guest may do --------------------------------------------------------------------
+
+    def profile_for(self, msg: dict[str, Any], policy: Policy, link: GuestLink) -> Profile:
+        if msg.get("canary"):
+            # The canary: locked, no exemption; a denied probe must stay denied.
+            return Profile(
+                name="canary",
+                mode=Mode.LOCKED,
+                guest_pool=self.pool,
+                gateway_address=link.gateway,
+                public_override=self.public_override,
+            )
+        return policy.profile(
+            msg.get("profile"),
+            mode=Mode(msg["mode"]) if msg.get("mode") else None,
+            extra_allow=msg.get("allow", ()),
+            extra_deny=msg.get("deny", ()),
+            public_override=self.public_override,
+            gateway_address=link.gateway,
+            guest_pool=self.pool,
+        )
+
+    def check_wiring(self, policy: Policy) -> None:
+        """A guest's policy that asks for another wiring than this gateway's is refused: the
+        daemon reads ``[gateway]`` once, at start (session/stack.py), and uses only that."""
+        spec = policy.file.gateway
+        mine = {"guest_pool": str(self.pool), "upstream_dns": list(self.cfg.upstream_dns)}
+        theirs = {"guest_pool": str(spec.pool), "upstream_dns": spec.upstream_dns}
+        for key in sorted(spec.model_fields_set & mine.keys()):
+            if theirs[key] != mine[key]:
+                raise policy.gateway_problem(
+                    key,
+                    f"{key} = {theirs[key]} differs from the running gateway "
+                    f"'{self.cfg.instance}' ({mine[key]}, from {self.cfg.policy or 'its start'})",
+                    f"stop it (sandgate down --instance {self.cfg.instance}) and start it with "
+                    "this policy (sandgate up --policy FILE), or drop the key",
+                )
+
+    # -- joining --------------------------------------------------------------------------------
+
+    async def add(
+        self, msg: dict[str, Any], *, index: int | None = None, canary: bool = False
+    ) -> dict[str, Any]:
+        async with self._lock:
+            index = self.table.free_index() if index is None else index
+            link = GuestLink.from_pool(self.pool, index, guest_mac(index))
+            policy = load_policy(msg.get("policy"))
+            self.check_wiring(policy)
+            profile = self.profile_for(msg, policy, link)
+            netns = msg["netns"]
+            ns.check_ours(netns)
+            guest = await self._join(msg, link, policy, profile, netns, canary)
+            self.sites.update(guest.sites)
+            self.check.note()
+            if canary:
+                self.table.canary = guest
+                return {"guest": link.ifname, "address": str(link.guest)}
+            self.table.add(guest)
+            self.check.remember_policy(msg.get("policy"))
+            registry.save(self.cfg.run_dir, link.ifname, index, msg)
+        self.sink.emit(
+            Event(
+                kind=Kind.GUEST,
+                session=guest.session,
+                guest=link.ifname,
+                details={
+                    "joined": True,
+                    "profile": profile.name,
+                    "mode": str(profile.mode),
+                    "address": str(link.guest),
+                },
+            )
+        )
+        return {
+            "guest": link.ifname,
+            "index": index,
+            "address": str(link.guest),
+            "gateway": str(link.gateway),
+            "profile": profile.name,
+            "mode": str(profile.mode),
+            "policy": policy.source,
+            "proxy": f"http://{link.gateway}:{EXPLICIT_PORT}",
+            "guest_pool": str(self.pool),
+            "ca": self.proxy.ca_cert_pem().decode(),
+            "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
+            "model_hosts": profile.model_hosts(),
+        }
+
+    async def _join(
+        self,
+        msg: dict[str, Any],
+        link: GuestLink,
+        policy: Policy,
+        profile: Profile,
+        netns: str,
+        canary: bool,
+    ) -> Guest:
+        """Every part of a guest, in order; on any failure the parts made so far are undone."""
+        loop = asyncio.get_running_loop()
+        # The process hold starts meanwhile (its iptables restore is a subprocess).
+        holding = (
+            None
+            if canary
+            else loop.run_in_executor(None, self._start_hold, link.ifname, netns, msg.get("pid"))
+        )
+        session = msg.get("session")
+        undo: list[Callable[[], Any]] = []
+        try:
+            await self._nl(self.plumber.attach_guest, link, netns)
+            undo.append(lambda: self.netlink.submit(self.plumber.detach_guest, link).result())
+            ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
+            cmds, sites = guest_add(link, profile, self.limits)
+            self.nft.run(batch(*cmds))
+            undo.append(lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile))))
+            key = "|".join(
+                map(
+                    str,
+                    (policy.source, profile.name, profile.mode, msg.get("allow"), msg.get("deny")),
+                )
+            )
+            dns = GuestDNS(link, session, profile, key)
+            await self.resolver.start_guest(dns)
+            undo.append(lambda: _close_listeners(dns))
+            pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
+            self.proxy.start_guest(pg)
+            undo.append(lambda: self.proxy.stop_guest(pg))
+            uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
+            undo.append(uidlog.close)
+            hold = await holding if holding is not None else None
+            if hold is not None:
+                undo.append(hold.stop)
+        except BaseException:
+            for step in reversed(undo):
+                with contextlib.suppress(Exception):
+                    step()
+            if holding is not None and not holding.done():
+                holding.add_done_callback(_stop_hold)
+            raise
+        guest = Guest(
+            link,
+            netns,
+            session,
+            profile,
+            sites,
+            dns,
+            msg.get("uid"),
+            uidlog,
+            pg,
+            hold,
+            msg=dict(msg),
+        )
+        loop.add_reader(uidlog.fileno(), self.feed.read_guest, guest)
+        return guest
+
+    def _start_hold(self, guest: str, netns: str, root_pid: int | None) -> ProcessHold | None:
+        """The process hold of a guest (on a worker thread); without it (no iptables, an odd
+        kernel) only uids are known, which is said and is no reason to refuse the guest."""
+        loop = self.sink_loop
+
+        def report(key: FlowKey, uid: int | None, process: dict[str, Any] | None) -> None:
+            extra = {"process": process} if process is not None else {}
+            loop.call_soon_threadsafe(lambda: self.feed.sender(key, uid, **extra))
+
+        hold = ProcessHold(guest, netns, report, root_pid)
+        try:
+            hold.start()
+        except (SandgateError, OSError) as exc:
+            sys.stderr.write(f"sandgate gateway: no process attribution for {guest}: {exc}\n")
+            return None
+        return hold
+
+    sink_loop: asyncio.AbstractEventLoop  # set by the daemon before the first guest
+
+    # -- what an answer opens -------------------------------------------------------------------
+
+    def pin(
+        self, dns: GuestDNS, addresses: tuple[str, ...], ttl: int, tags: PinTags, inspect: bool
+    ) -> None:
+        """Before the guest hears an answer: put its addresses into the pin sets the policy
+        names (policy/pins.py), and send TLS to them through the proxy when the name is
+        inspected. One transaction."""
+        cmds = pin_elements(dns.link, addresses, ttl, tags, self.limits)
+        if inspect:
+            cmds.append(inspect_elements(dns.link, addresses, ttl, self.limits))
+        if cmds:
+            self.nft.run(batch(*cmds))
+
+    # -- reloads --------------------------------------------------------------------------------
+
+    def reload(self, path: str) -> None:
+        """Apply a changed policy file to its guests; raises (keeping the old rules) if invalid."""
+        policy = load_policy(path)
+        changed = []
+        for guest in self.table:
+            if guest.msg.get("policy") != path:
+                continue
+            profile = self.profile_for(guest.msg, policy, guest.link)
+            if profile != guest.profile:
+                changed.append((guest, profile))
+        for guest, profile in changed:
+            cmds, sites = guest_add(guest.link, profile, self.limits)
+            self.nft.run(
+                batch(*guest_remove(guest.link, guest.sites.values(), guest.profile), *cmds)
+            )
+            guest.profile, guest.sites = profile, sites
+            self.sites.update(sites)
+            guest.dns.profile = profile
+            guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
+            if guest.proxy is not None:
+                guest.proxy.profile = profile
+            self.sink.emit(
+                Event(
+                    kind=Kind.NOTICE,
+                    session=guest.session,
+                    guest=guest.link.ifname,
+                    details={"policy": "reloaded", "path": path},
+                )
+            )
+        self.check.note()
+
+    # -- leaving --------------------------------------------------------------------------------
+
+    async def remove(self, name: str, quiet_since: float | None = None) -> dict[str, Any]:
+        guest = self.table.get(name)
+        if guest is None:
+            raise SandgateError(f"no guest {name!r} on this gateway")
+        t = _Phases()
+        # The last packets' log records arrive within NFLOG_SETTLE; a caller that knows when
+        # the guest went quiet (its processes were killed) saves the part already waited.
+        quiet = time.time() - quiet_since if quiet_since is not None else 0.0
+        if quiet < NFLOG_SETTLE:
+            await asyncio.sleep(NFLOG_SETTLE - max(0.0, quiet))
+        t.mark("settle")
+        self.feed.read_all(guest)
+        self.sink.attributor.flush(name, time.monotonic())
+        t.mark("logs")
+        counters = self.counters(guest)
+        t.mark("counters")
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            if guest.uidlog is not None:
+                loop.remove_reader(guest.uidlog.fileno())
+                guest.uidlog.close()
+            if guest.hold is not None:
+                await loop.run_in_executor(None, guest.hold.stop)
+            t.mark("hold")
+            await self.resolver.stop_guest(guest.dns)
+            t.mark("resolver")
+            if guest.proxy is not None:
+                await loop.run_in_executor(None, self.proxy.stop_guest, guest.proxy)
+            t.mark("proxy")
+            with contextlib.suppress(SandgateError):
+                self.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile)))
+            t.mark("rules")
+            self._forget_inspected(guest.link.ifname)
+            self.table.pop(name)
+            registry.forget(self.cfg.run_dir, name)
+            self.check.note()
+        # Deleting a veth waits out an RCU grace period (~20 ms). The guest's rules are gone
+        # (its traffic meets the default drop), so the link goes after the reply; its slot stays
+        # taken until then.
+        self.table.draining.add(name)
+        task = asyncio.create_task(self._detach(guest))
+        self._detaching.add(task)
+        task.add_done_callback(self._detaching.discard)
+        self.sink.emit(
+            Event(
+                kind=Kind.GUEST,
+                session=guest.session,
+                guest=name,
+                details={"joined": False, "counters": counters},
+            )
+        )
+        self.sink.flush()
+        t.mark("events")
+        return {"guest": name, "counters": counters, "timing_ms": t.ms}
+
+    async def _detach(self, guest: Guest) -> None:
+        try:
+            async with self._lock:
+                # The runner may delete the guest's namespace meanwhile, which takes the link
+                # with it: a link already gone is fine.
+                with contextlib.suppress(Exception):
+                    await self._nl(self.plumber.detach_guest, guest.link)
+                self.check.note()
+        finally:
+            self.table.draining.discard(guest.link.ifname)
+
+    async def remove_all(self) -> None:
+        for name in [g.link.ifname for g in self.table]:
+            with contextlib.suppress(Exception):
+                await self.remove(name)
+        if self._detaching:
+            await asyncio.gather(*self._detaching, return_exceptions=True)
+
+    def counters(self, guest: Guest) -> dict[str, dict[str, Any]]:
+        """Exact per-site packet counts for one guest (the logs may be rate-limited)."""
+        out: dict[str, dict[str, Any]] = {}
+        by_counter = {site.counter: site for site in guest.sites.values()}
+        for family in ("inet", "netdev"):
+            try:
+                listing = self.nft.run({"nftables": [{"list": {"counters": {"family": family}}}]})
+            except SandgateError:
+                continue
+            for item in (listing or {}).get("nftables", []):
+                c = item.get("counter")
+                if not c or c.get("table") != TABLE or not c.get("packets"):
+                    continue
+                site = by_counter.get(c["name"])
+                if site is not None:
+                    out[site.prefix] = {
+                        "packets": c["packets"],
+                        "verdict": site.verdict,
+                        "reason": site.reason,
+                        "rule": site.rule,
+                    }
+        return out
+
+    def _forget_inspected(self, ifname: str) -> None:
+        """The next guest on this link must not inherit this one's inspected addresses."""
+        target = {"family": "inet", "table": TABLE, "name": "inspect4"}
+        try:
+            listing = self.nft.run({"nftables": [{"list": {"set": target}}]})
+        except SandgateError:
+            return
+        elems = []
+        for item in (listing or {}).get("nftables", []):
+            for elem in (item.get("set") or {}).get("elem", []):
+                val = elem.get("elem", {}).get("val") if isinstance(elem, dict) else None
+                concat = (val or {}).get("concat") if isinstance(val, dict) else None
+                if concat and concat[0] == ifname:
+                    elems.append({"concat": concat})
+        if elems:
+            with contextlib.suppress(SandgateError):
+                self.nft.run(batch({"delete": {"element": {**target, "elem": elems}}}))
+
+    # -- restarts and the canary ----------------------------------------------------------------
+
+    async def reattach(self) -> None:
+        """After a restart: give the guests that still exist their links and rules back.
+
+        Their processes kept running while the gateway was gone (with no way out: their only
+        link died with the old gateway's namespace); they get the same addresses again."""
+        for name, index, msg in registry.load(self.cfg.run_dir):
+            if not ns.exists(str(msg.get("netns"))):
+                registry.forget(self.cfg.run_dir, name)
+                continue
+            try:
+                await self.add(msg, index=index)
+            except Exception as exc:  # a guest that cannot come back must not stop the rest
+                sys.stderr.write(f"sandgate gateway: could not re-attach {name}: {exc}\n")
+                registry.forget(self.cfg.run_dir, name)
+                continue
+            self.sink.emit(
+                Event(
+                    kind=Kind.GUEST,
+                    session=msg.get("session"),
+                    guest=name,
+                    details={"reattached": True},
+                )
+            )
+
+    async def start_canary(self) -> None:
+        name = f"sg-{self.cfg.instance}-canary"
+        with contextlib.suppress(SandgateError):
+            ns.remove(name)
+        ns.create(name)
+        msg = {"netns": name, "canary": True, "session": None}
+        await self.add(msg, index=self.table.canary_index(), canary=True)
+        self.canary_worker = ns.NsThread(name)
+
+    async def stop_canary(self) -> None:
+        if self.canary_worker is not None:
+            self.canary_worker.close()
+            self.canary_worker = None
+        canary = self.table.canary
+        if canary is not None:
+            self.table.canary = None
+            self.table.add(canary)
+            with contextlib.suppress(Exception):
+                await self.remove(canary.link.ifname)
+            with contextlib.suppress(SandgateError):
+                ns.remove(canary.netns)
+
+
+class _Phases:
+    """Milliseconds per step of an operation (returned to the caller; the bench prints them)."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self.ms: dict[str, float] = {}
+
+    def mark(self, step: str) -> None:
+        now = time.perf_counter()
+        self.ms[step] = round((now - self._last) * 1000, 2)
+        self._last = now
+
+
+def _stop_hold(done: asyncio.Future[ProcessHold | None]) -> None:
+    """A hold that finished starting after its guest failed: stop it."""
+    if not done.cancelled() and done.exception() is None and (hold := done.result()):
+        threading.Thread(target=hold.stop, daemon=True).start()
+
+
+def close_listeners(dns: GuestDNS) -> None:
+    if dns.udp is not None:
+        dns.udp.close()
+    if dns.tcp is not None:
+        dns.tcp.close()
+
+
+_close_listeners = close_listeners
+
+
+def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
+    nft = Nft()
+    try:
+        nft.run(batch(*cmds))
+    finally:
+        nft.close()
+
+
+__all__ = ["Lifecycle", "close_listeners"]

@@ -1,0 +1,97 @@
+"""The event sink: where every event of the gateway goes, the one route to the store.
+
+Enforcers build their records with ``Event.attempt(kind, decision, ...)`` (events/schema.py: the
+one place verdict, reason and rule are read from a ``Decision``) and hand them here, with the
+flow they belong to when there is one. The sink joins a flow's record with its sender (uid and
+process, logs/attribution.py), fills in the guest's session, keeps the canary's own traffic out
+of the log, and flushes to the store. It is handed to the resolver, the proxy and the log
+readers; none of them sees the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+
+from sandgate.events.schema import Event, FlowKey, Kind, category_of
+from sandgate.events.store import Store
+from sandgate.gateway.logs.attribution import Attributor
+
+Infer = Callable[[FlowKey, int | None, float], Event | None]
+
+
+class EventSink:
+    def __init__(
+        self,
+        store: Store,
+        session_of: Callable[[str | None], str | None],
+        quiet: Callable[[str | None], bool],
+        infer: Infer,
+    ) -> None:
+        self.store = store
+        self._session_of = session_of
+        self._quiet = quiet  # a guest whose events are not the log's (the watchdog's canary)
+        self.pending: list[Event] = []
+        self.watchers: list[asyncio.Queue[Event]] = []
+        self.attributor = Attributor(self.emit, infer)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop that events from other threads (the proxy's) are handed to."""
+        self._loop = loop
+
+    def emit(self, event: Event) -> None:
+        """An event as it is: no flow to join it with."""
+        if self._quiet(event.guest):
+            return
+        if event.session is None and event.guest is not None:
+            session = self._session_of(event.guest)
+            if session is not None:
+                event = dataclasses.replace(event, session=session)
+        if event.category is None and event.kind is Kind.CONN:
+            event = dataclasses.replace(
+                event, category=category_of(event.protocol, event.port).value
+            )
+        self.pending.append(event)
+        for q in self.watchers:
+            q.put_nowait(event)
+
+    def flow(self, key: FlowKey | None, event: Event) -> None:
+        """The record of one flow: joined with its sender before it is emitted."""
+        if key is None:
+            self.emit(event)
+        else:
+            self.attributor.submit(key, event, time.monotonic())
+
+    def from_thread(self, key: FlowKey | None, event: Event) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.flow, key, event)
+
+    def notice(self, **details: object) -> None:
+        self.emit(Event(kind=Kind.NOTICE, details=dict(details)))
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        events, self.pending = self.pending, []
+        try:
+            self.store.add(events)
+        except Exception:  # the store must never take the gateway down
+            traceback.print_exc(file=sys.stderr)
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[asyncio.Queue[Event]]:
+        q: asyncio.Queue[Event] = asyncio.Queue()
+        self.watchers.append(q)
+        try:
+            yield q
+        finally:
+            self.watchers.remove(q)
+
+
+__all__ = ["EventSink", "Infer"]
