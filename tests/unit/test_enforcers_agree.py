@@ -9,7 +9,8 @@ resolves NAME, then connects to its address on PORT", four answers must agree:
 * the compiled ruleset *with those pins*, evaluated as the kernel would (the evaluator of
   tests/nfteval.py), for the packet to the address;
 * ``decide()`` for the same attempt with the name (the kernel cannot see the name: the pins
-  are how it knows);
+  are how it knows), and the TLS gate's verdict on the ClientHello's name;
+* the proxy's judgement (it resolves the name and dials only the address it checked);
 * the never-rules: no decision ever lets a guest reach another guest.
 
 An attempt without a name (a hard-coded address) is judged as decide() judges the address.
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 
 from sandgate.gateway.dns import dnslogic
 from sandgate.gateway.dns.resolver import GuestDNS, Resolver
+from sandgate.gateway.proxy.flow import judge
 from sandgate.net.compile import GuestLink, base_ruleset, guest_add, pin_set
 from sandgate.policy import dnsnames
 from sandgate.policy.decide import Attempt, decide, decide_answer, decide_name
@@ -35,6 +37,7 @@ from sandgate.policy.load import parse_policy
 from sandgate.policy.model import Protocol
 from sandgate.policy.pins import pin_rules
 from sandgate.policy.profile import Profile
+from sandgate.policy.requests import gate_verdict
 from tests.nfteval import Packet, Ruleset
 
 TEST_INTERNET = (IPv4Network("203.0.113.0/24"), IPv4Network("198.51.100.0/24"))
@@ -192,6 +195,25 @@ def test_resolver_ruleset_and_decide_agree(pol: tuple[Profile, GuestLink], tries
             f"{name} → {address} {proto}/{port}: decide() {d.key} ({d.rule_ref}), kernel "
             f"{'accepts' if got else 'refuses'}; pins {world.pinned}"
         )
+        if proto == "tcp" and port == 443:
+            # The kernel's TLS gate then judges the ClientHello's name (no profile here
+            # inspects, so the gate's verdict is decide()'s).
+            sni = gate_verdict(profile, d, name)
+            assert sni.allowed == d.allowed, (name, sni.key, d.key)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(policies(), st.sampled_from(sorted(NAMES)), st.sampled_from((80, 443, 8000, 22)))
+def test_the_proxy_agrees(pol: tuple[Profile, GuestLink], name: str, port: int) -> None:
+    """The proxy (explicit door: the guest names the host, the proxy resolves and dials what
+    it checked) against decide() with the name and the address it dials."""
+    profile, _ = pol
+    address = ipaddress.ip_address(NAMES[name])
+    judged = judge(profile, name, None, port, lambda n: [address])
+    d = decide(profile, Attempt(Protocol.TCP, address, port, name))
+    first = decide(profile, Attempt(Protocol.TCP, None, port, name))
+    assert judged.decision.allowed == (first.allowed and d.allowed), (name, port, judged, d)
+    assert (judged.address is not None) == judged.decision.allowed
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])

@@ -9,7 +9,13 @@ import pytest
 from sandgate.explain import explain
 from sandgate.policy.decide import Reason, allow, deny
 from sandgate.policy.load import parse_policy
-from sandgate.policy.requests import judge_answers, names_agree, placeholder_sent, tls_mode
+from sandgate.policy.requests import (
+    gate_verdict,
+    judge_answers,
+    names_agree,
+    placeholder_sent,
+    tls_mode,
+)
 
 PROFILE = parse_policy(
     b"""
@@ -87,3 +93,17 @@ def test_explain_says_what_the_proxy_would() -> None:
         out = explain(PROFILE, "pypi.org:443", resolve=lambda _, a=answers: list(a))
         assert out.reason == judge_answers(PROFILE, "pypi.org", 443, answers).decision.key
         assert [x["address"] for x in out.addresses] == [str(a) for a in answers]
+
+
+@pytest.mark.parametrize(
+    ("decision", "sni", "key"),
+    [
+        # an inspected name reached at an address the resolver never gave: refused at the gate
+        (allow(Reason.RULE_ALLOW), "api.openai.com", "deny.protocol"),
+        (allow(Reason.RULE_ALLOW), "pypi.org", "allow.rule"),
+        (allow(Reason.OPEN), None, "allow.open"),
+        (deny(Reason.NOT_ALLOWLISTED), "api.openai.com", "deny.not_allowlisted"),
+    ],
+)
+def test_the_tls_gate_verdict(decision: object, sni: str | None, key: str) -> None:
+    assert gate_verdict(PROFILE, decision, sni).key == key  # type: ignore[arg-type]

@@ -59,6 +59,19 @@ def tls_mode(profile: Profile, decision: Decision, name: str | None) -> TlsMode 
     return "inspect" if name is not None and profile.inspects(name) else "passthrough"
 
 
+def gate_verdict(profile: Profile, decision: Decision, sni: str | None) -> Decision:
+    """The kernel's TLS gate on a ClientHello it holds (the flow was not sent to the proxy):
+    an inspected name may only be reached through the proxy, at addresses the gateway's
+    resolver handed out (those go to the proxy before the gate), so here it is refused."""
+    if tls_mode(profile, decision, sni) == "inspect":
+        return deny(
+            Reason.PROTOCOL,
+            f"{sni} is inspected, but this address did not come from the gateway's resolver; "
+            "connect by name",
+        )
+    return decision
+
+
 @dataclass(frozen=True)
 class Answers:
     """A name's addresses judged together. ``decision``: the first refusal, else the first

@@ -26,6 +26,7 @@ from sandgate.net.nfqueue import NfqueueSocket, QueuedPacket
 from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny
 from sandgate.policy.model import Protocol
 from sandgate.policy.profile import Profile
+from sandgate.policy.requests import gate_verdict
 
 QUEUE = 7
 
@@ -82,12 +83,7 @@ class GateReader:
         d = decide(
             profile, Attempt(Protocol.TCP, ipaddress.ip_address(first.dst), first.dport, parsed.sni)
         )
-        if d.allowed and parsed.sni is not None and profile.inspects(parsed.sni):
-            d = deny(
-                Reason.PROTOCOL,
-                f"{parsed.sni} is inspected, but this address did not come "
-                "from the gateway's resolver; connect by name",
-            )
+        d = gate_verdict(profile, d, parsed.sni)
         self._record(first, parsed.sni, d)
         return d.allowed
 
