@@ -204,7 +204,7 @@ class Lifecycle:
             )
             dns = GuestDNS(link, session, profile, key)
             await self.resolver.start_guest(dns)
-            undo.append(lambda: _close_listeners(dns))
+            undo.append(lambda: Resolver.close_listeners(dns))
             pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
@@ -486,16 +486,6 @@ def _stop_hold(done: asyncio.Future[ProcessHold | None]) -> None:
         threading.Thread(target=hold.stop, daemon=True).start()
 
 
-def close_listeners(dns: GuestDNS) -> None:
-    if dns.udp is not None:
-        dns.udp.close()
-    if dns.tcp is not None:
-        dns.tcp.close()
-
-
-_close_listeners = close_listeners
-
-
 def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
     nft = Nft()
     try:
@@ -504,4 +494,4 @@ def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
         nft.close()
 
 
-__all__ = ["Lifecycle", "close_listeners"]
+__all__ = ["Lifecycle"]

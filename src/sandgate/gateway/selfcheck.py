@@ -118,6 +118,22 @@ class SelfCheck:
     def expected_digest(self) -> str:
         return self._expected
 
+    def snapshot(self) -> dict[str, Any]:
+        """What an agent might change to get online, as the gateway holds it (session drift)."""
+        gw = self.gw
+        return {
+            "ruleset": self.ruleset_lines(),
+            "digest": self.ruleset_digest(),
+            "expected": self.expected_digest(),
+            "resolver": {
+                "upstream": list(gw.resolver.upstream.servers),
+                "cut": gw.resolver.cut,
+                "forward_everything": gw.resolver.forward_everything,
+            },
+            "proxy": {"cut": gw.proxy.cut},
+            "forwarding": gw.plumber.forwarding(),
+        }
+
     def note(self) -> None:
         """The gateway changed its own rules: this is now what they must look like."""
         self._expected = self.ruleset_digest()
@@ -248,3 +264,20 @@ class SelfCheck:
         if target:
             loop = asyncio.get_running_loop()
             loop.run_in_executor(None, integrity.alarm, target, payload)
+
+
+def inject_fault(what: str, guests: Sequence[GuestView], resolver: Resolver, proxy: Proxy) -> None:
+    """Break a part on purpose, so a test sees the watchdog find it (SANDGATE_FAULTS=1 only)."""
+    if os.environ.get("SANDGATE_FAULTS") != "1":
+        raise SandgateError("fault injection is off", "start the gateway with SANDGATE_FAULTS=1")
+    if what == "resolver":
+        for guest in guests:
+            resolver.close_listeners(guest.dns)
+    elif what == "proxy":
+        for guest in guests:
+            if guest.proxy is not None:
+                proxy.stop_guest(guest.proxy)
+    elif what == "resolver-open":
+        resolver.forward_everything = True
+    else:
+        raise SandgateError(f"unknown fault {what!r}", "resolver, proxy or resolver-open")

@@ -30,17 +30,16 @@ from sandgate.errors import SandgateError
 from sandgate.events.store import Store
 from sandgate.gateway import control
 from sandgate.gateway.config import GatewayConfig
-from sandgate.gateway.dns import dnslogic
 from sandgate.gateway.dns.resolver import Resolver
 from sandgate.gateway.guests import Guest, GuestTable
-from sandgate.gateway.lifecycle import NFLOG_SETTLE, Lifecycle, close_listeners
+from sandgate.gateway.lifecycle import NFLOG_SETTLE, Lifecycle
 from sandgate.gateway.logfeed import LogFeed, inferred
 from sandgate.gateway.logs.logreader import proto_name
 from sandgate.gateway.proxy.server import Proxy
 from sandgate.gateway.proxy.tlsgate import GateReader
-from sandgate.gateway.selfcheck import SelfCheck
+from sandgate.gateway.selfcheck import SelfCheck, inject_fault
 from sandgate.gateway.sink import EventSink
-from sandgate.gateway.watchdog import Watchdog
+from sandgate.gateway.watchdog import Watchdog, watchdog_status
 from sandgate.net import iptables, ns
 from sandgate.net.compile import Limits, Site, base_ruleset
 from sandgate.net.links import Plumber
@@ -50,7 +49,6 @@ T = TypeVar("T")
 Op = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 FLUSH_INTERVAL = 0.1
-RESOLVE_TIMEOUT = 6.0
 
 
 class Gateway:
@@ -71,7 +69,9 @@ class Gateway:
         self.feed = LogFeed(self.sink, self.sites, self.table)
         self.resolver = Resolver(list(cfg.upstream_dns), self.sink.flow, self._pin)
         self.proxy = Proxy(
-            self._resolve_blocking, self.sink.from_thread, extra_ca=[Path(p) for p in cfg.extra_ca]
+            self.resolver.addresses_blocking,
+            self.sink.from_thread,
+            extra_ca=[Path(p) for p in cfg.extra_ca],
         )
         self.nft = Nft()
         # pyroute2's synchronous API runs an event loop of its own, which cannot run on the
@@ -97,7 +97,6 @@ class Gateway:
             self._nl,
         )
         self.stop = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.ops: Mapping[str, Op] = {
             "ping": self._ping,
             "add_guest": self.guests_.add,
@@ -144,8 +143,8 @@ class Gateway:
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
-        self._loop = loop
         self.sink.bind(loop)
+        self.resolver.bind(loop)
         self.guests_.sink_loop = loop
         await self._nl(self.plumber.harden_gateway)
         cmds, sites = base_ruleset(
@@ -232,23 +231,6 @@ class Gateway:
     def _pin(self, *args: Any) -> None:
         self.guests_.pin(*args)
 
-    def _resolve_blocking(self, name: str) -> list[ipaddress.IPv4Address]:
-        """The proxy's resolver (it runs on threads): A records from the upstream."""
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._resolve_a(name), self._loop)
-        try:
-            return future.result(RESOLVE_TIMEOUT)
-        except (TimeoutError, OSError):
-            return []
-
-    async def _resolve_a(self, name: str) -> list[ipaddress.IPv4Address]:
-        query = dnslogic.address_query(name, self.resolver.upstream.new_id())
-        try:
-            reply = await self.resolver.upstream.ask(query)
-        except (TimeoutError, OSError):
-            return []
-        return dnslogic.a_records(reply)
-
     # -- the control socket's operations ----------------------------------------------------------
 
     async def _ping(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -294,53 +276,18 @@ class Gateway:
         return {"problems": problems, "integrity": self._integrity()}
 
     def _integrity(self) -> dict[str, Any]:
-        wd = self.watchdog
-        return {
-            "watchdog": self.cfg.watchdog,
-            "cut": bool(wd and wd.cut),
-            "drifts": wd.drifts if wd else 0,
-            "problems": wd.problems if wd else [],
-            "last_check": wd.last_check if wd else None,
-        }
+        return watchdog_status(self.watchdog, self.cfg.watchdog)
 
     async def _snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """What an agent might change to get online, as the gateway holds it (session drift)."""
-        return {
-            "ruleset": self.check.ruleset_lines(),
-            "digest": self.check.ruleset_digest(),
-            "expected": self.check.expected_digest(),
-            "resolver": {
-                "upstream": list(self.resolver.upstream.servers),
-                "cut": self.resolver.cut,
-                "forward_everything": self.resolver.forward_everything,
-            },
-            "proxy": {"cut": self.proxy.cut},
-            "forwarding": self.plumber.forwarding(),
-        }
+        return self.check.snapshot()
 
     async def _reload(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.guests_.reload(str(msg["policy"]))
         return {}
 
     async def _fault(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Break a part on purpose (tests only: needs SANDGATE_FAULTS=1 in the daemon's env)."""
-        what = str(msg.get("what"))
-        if os.environ.get("SANDGATE_FAULTS") != "1":
-            raise SandgateError(
-                "fault injection is off", "start the gateway with SANDGATE_FAULTS=1"
-            )
-        if what == "resolver":
-            for guest in self.table.everyone():
-                close_listeners(guest.dns)
-        elif what == "proxy":
-            for guest in self.table.everyone():
-                if guest.proxy is not None:
-                    self.proxy.stop_guest(guest.proxy)
-        elif what == "resolver-open":
-            self.resolver.forward_everything = True
-        else:
-            raise SandgateError(f"unknown fault {what!r}", "resolver, proxy or resolver-open")
-        return {"fault": what}
+        inject_fault(str(msg.get("what")), self.table.everyone(), self.resolver, self.proxy)
+        return {"fault": msg.get("what")}
 
     async def _shutdown_op(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.stop.set()

@@ -113,3 +113,14 @@ class Watchdog:
 
 
 Probe = Callable[[], Awaitable[list[str]]]
+
+
+def watchdog_status(wd: Watchdog | None, interval: float | None) -> dict[str, Any]:
+    """The integrity part of the daemon's status: is it watched, cut off, what drifted."""
+    return {
+        "watchdog": interval,
+        "cut": bool(wd and wd.cut),
+        "drifts": wd.drifts if wd else 0,
+        "problems": wd.problems if wd else [],
+        "last_check": wd.last_check if wd else None,
+    }
