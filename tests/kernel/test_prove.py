@@ -3,7 +3,9 @@ catalogue fails when the gateway is weakened behind the policy's back."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,28 +46,19 @@ def test_every_probe_runs_and_passes(stack: Stack, store_path: Path, mode: str) 
     } <= groups
 
 
-def test_a_rule_added_behind_the_policys_back_makes_prove_fail(
-    stack: Stack, store_path: Path
-) -> None:
+@contextlib.contextmanager
+def accepted_behind_the_policys_back(stack: Stack, daddr: str) -> Iterator[None]:
+    """``ip daddr DADDR accept`` at the top of the gateway's forward chain, for the block."""
     ns = f"--net=/proc/{stack.gateway.pid}/ns/net"
-    rule = [
-        "nft",
-        "insert",
-        "rule",
-        "inet",
-        "sandgate",
-        "forward",
-        "ip",
-        "daddr",
-        "10.77.0.0/24",
-        "accept",
-    ]
-    subprocess.run(["nsenter", ns, *rule], check=True)
+    chain = ["inet", "sandgate", "forward"]
+    subprocess.run(
+        ["nsenter", ns, "nft", "insert", "rule", *chain, "ip", "daddr", daddr, "accept"], check=True
+    )
     try:
-        result = _prove(stack, store_path, "open")
+        yield
     finally:
         listing = subprocess.run(
-            ["nsenter", ns, "nft", "-a", "list", "chain", "inet", "sandgate", "forward"],
+            ["nsenter", ns, "nft", "-a", "list", "chain", *chain],
             capture_output=True,
             text=True,
             check=True,
@@ -73,23 +66,18 @@ def test_a_rule_added_behind_the_policys_back_makes_prove_fail(
         handle = next(
             line.rsplit("# handle ", 1)[1]
             for line in listing.splitlines()
-            if "10.77.0.0/24 accept" in line
+            if f"{daddr} accept" in line
         )
         subprocess.run(
-            [
-                "nsenter",
-                ns,
-                "nft",
-                "delete",
-                "rule",
-                "inet",
-                "sandgate",
-                "forward",
-                "handle",
-                handle,
-            ],
-            check=True,
+            ["nsenter", ns, "nft", "delete", "rule", *chain, "handle", handle], check=True
         )
+
+
+def test_a_rule_added_behind_the_policys_back_makes_prove_fail(
+    stack: Stack, store_path: Path
+) -> None:
+    with accepted_behind_the_policys_back(stack, "10.77.0.0/24"):
+        result = _prove(stack, store_path, "open")
     leaks = [r for r in result.failed if r.why.startswith("LEAK")]
     assert {r.probe for r in leaks} >= {"NAS 22/tcp", "NAS 445/tcp", "model server port 22"}
 
@@ -99,8 +87,6 @@ def test_a_weakened_decide_is_caught_by_the_never_rules(
 ) -> None:
     """decide() and the gateway weakened together (guest to guest allowed): expectation and
     observation agree, and only the invariant can tell."""
-    import ipaddress
-
     from sandgate.policy import decide as decide_module
     from sandgate.prove import catalogue
 
@@ -113,27 +99,9 @@ def test_a_weakened_decide_is_caught_by_the_never_rules(
         return real(profile, attempt)
 
     monkeypatch.setattr(catalogue, "decide", weakened)
-    ns = f"--net=/proc/{stack.gateway.pid}/ns/net"
     pool = stack.config.guest_pool if stack.config else "10.201.0.0/16"
-    assert ipaddress.ip_network(pool)
-    rule = ["nft", "insert", "rule", "inet", "sandgate", "forward", "ip", "daddr", pool]
-    subprocess.run(["nsenter", ns, *rule, "accept"], check=True)
-    try:
+    with accepted_behind_the_policys_back(stack, pool):
         result = _prove(stack, store_path, "open")
-    finally:
-        listing = subprocess.run(
-            ["nsenter", ns, "nft", "-a", "list", "chain", "inet", "sandgate", "forward"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        handle = next(
-            line.rsplit("# handle ", 1)[1]
-            for line in listing.splitlines()
-            if f"{pool} accept" in line
-        )
-        delete = ["nft", "delete", "rule", "inet", "sandgate", "forward", "handle", handle]
-        subprocess.run(["nsenter", ns, *delete], check=True)
     lateral = next(r for r in result.results if r.group == "lateral")
     assert lateral.expected == "allow" and lateral.observed == "allow"
     assert lateral.result == "FAIL"
