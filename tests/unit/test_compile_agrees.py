@@ -212,12 +212,11 @@ def site_says(compiled: Compiled, pkt: Packet) -> tuple[str, str | None]:
 
 
 def known_divergence(compiled: Compiled, pkt: Packet) -> bool:
-    """The two places where the log line and decide() name different reasons (same verdict);
-    each has its own xfail test below."""
+    """The place where the log line and decide() name different reasons (same verdict): the
+    test world's "internet" is logged as a plain allow rule (its own test below)."""
     d = compiled.decide(pkt)
-    gateway_deny_rule = pkt.daddr == LINK.gateway and d.key == "deny.rule"
     override_rule = any(pkt.daddr in n for n in compiled.profile.public_override)
-    return gateway_deny_rule or (override_rule and d.key == "allow.rule")
+    return override_rule and d.key == "allow.rule"
 
 
 @pytest.mark.parametrize("name", list(NAMED_PROFILES))
@@ -242,12 +241,6 @@ def test_override_rule_is_logged_as_a_plain_allow_rule() -> None:
     assert site_says(compiled, pkt) == ("allow.rule", "coder.allow[7] (203.0.113.0/24:443)")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compile.py divergence: deny rules are compiled into the forward chain only, so a "
-    "deny rule covering the gateway's own address logs deny.gateway (input chain) where "
-    "decide() says deny.rule; both deny",
-)
 def test_deny_rule_for_the_gateway_is_logged_as_that_rule() -> None:
     compiled = Compiled.of(NAMED_PROFILES["exemptions-open"])
     pkt = Packet(LINK.gateway, "tcp", 25)

@@ -230,3 +230,20 @@ def test_no_policy_reaches_another_guest(
     d = decide(profile, Attempt(Protocol(proto), target, port))
     assert not d.allowed, (target, d.key)
     assert not World(profile, link).kernel(str(target), proto, port)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    policies(),
+    st.sampled_from(("tcp", "udp")),
+    st.sampled_from((53, 3128, 15080, 15443, 22, 8080)),
+)
+def test_the_gateways_own_ports(pol: tuple[Profile, GuestLink], proto: str, port: int) -> None:
+    """Resolver and proxy are reached whatever the rules say (a deny of 10.0.0.0/8 included);
+    every other port of the gateway never is."""
+    profile, link = pol
+    d = decide(profile, Attempt(Protocol(proto), link.gateway, port))
+    reached = World(profile, link).kernel(str(link.gateway), proto, port)
+    assert reached == d.allowed, (proto, port, d.key)
+    service = port == 53 or (proto == "tcp" and port in (3128, 15080, 15443))
+    assert d.allowed == service, (proto, port, d.key)

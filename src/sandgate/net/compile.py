@@ -336,6 +336,10 @@ def guest_add(
         _match(_payload("th", "dport"), {"set": list(PROXY_PORTS)}),
         {"accept": None},
     )
+    # Deny rules before the gateway's other ports, as decide() judges them (step 2 before 3).
+    for rule in profile.deny:
+        if rule.spec.network is not None and rule.spec.network.version == 4:
+            b.rule(inp, *_rule_match(rule), b.site(inp, g, deny(Reason.RULE_DENY, rule=rule)))
     b.rule(inp, own, b.site(inp, g, deny(Reason.GATEWAY_PORT)))
     b.rule(inp, b.site(inp, g, deny(Reason.LATERAL)))
 

@@ -6,7 +6,8 @@ function; none keeps its own idea of what is allowed. Decisions are built only t
 
 Order of judgement (first match wins):
  1. DNS (port 53) goes to the guest's own gateway resolver, never elsewhere (the gateway
-    redirects it before any rule is consulted; names are then judged by the resolver);
+    redirects it before any rule is consulted; names are then judged by the resolver), and
+    the guest's own gateway proxy is reached (its requests are judged there);
  2. an explicit ``deny`` rule (deny wins over every allow);
  3. the guest pool: the own gateway's other ports, and other guests, are closed;
  4. private and special-purpose addresses, unless an allow rule names that block or a part of it
@@ -158,6 +159,15 @@ def decide(profile: Profile, attempt: Attempt) -> Decision:
         if address == profile.gateway_address:
             return allow(Reason.GATEWAY_DNS, detail=str(address))
         return deny(Reason.DNS_REDIRECT, f"{address}:53 is answered by the gateway resolver")
+    if (
+        address is not None
+        and address == profile.gateway_address
+        and attempt.protocol is Protocol.TCP
+        and attempt.port in GATEWAY_PROXY_PORTS
+    ):
+        # The guest's own proxy, like its resolver, is reached before any rule: a deny rule
+        # for 10.0.0.0/8 must not cut the guest off the one door its requests are judged at.
+        return allow(Reason.GATEWAY_PROXY, detail=f"{address}:{attempt.port}")
 
     for rule in profile.deny:
         if _rule_matches(rule, attempt, address):
@@ -237,8 +247,6 @@ def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> De
     """Steps 3-7: what the address alone settles. None: the name and the mode decide."""
     port, proto = attempt.port, attempt.protocol
     if profile.gateway_address is not None and address == profile.gateway_address:
-        if proto is Protocol.TCP and port in GATEWAY_PROXY_PORTS:
-            return allow(Reason.GATEWAY_PROXY, detail=f"{address}:{port}")
         return deny(Reason.GATEWAY_PORT, f"{address} port {port}")
     if address.version == profile.guest_pool.version and address in profile.guest_pool:
         return deny(Reason.LATERAL, f"{address} is in the guest pool {profile.guest_pool}")
