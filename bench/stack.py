@@ -30,7 +30,7 @@ from sandgate import cleanup
 from sandgate.agents.frameworks import world_script
 from sandgate.gateway import manage
 from sandgate.gateway.config import run_dir
-from sandgate.session.stack import Stack, gateway_config
+from sandgate.session.stack import Stack, gateway_config, gateway_policy
 from sandgate.world.topology import HOSTS, ROUTER, TestWorld
 
 UPSTREAM = "10.77.0.250"  # the fast upstream DNS on the world's LAN
@@ -109,7 +109,10 @@ def bench_stack() -> Iterator[BenchStack]:
         info = world.up()
         cleanup.record_pids(f"world-{name}", [s.proc.pid for s in world.servers])
         _peers(net, world.ns("lan"), base)
-        cfg = gateway_config(name, info, str(base / "events.db"), drop_log_rate=DROP_LOG_RATE)
+        policy = gateway_policy(None, info)  # the test world's own, as `sandgate up` takes it
+        cfg = gateway_config(
+            name, info, str(base / "events.db"), policy, drop_log_rate=DROP_LOG_RATE
+        )
         cfg = dataclasses.replace(cfg, upstream_dns=(UPSTREAM,))
         handle = manage.start(cfg, env=info.gateway_env)  # the world's API key, as stack.py
         stack = Stack(name, handle, info, owned=True, _world=world)
