@@ -13,7 +13,10 @@ resolves NAME, then connects to its address on PORT", four answers must agree:
 * the proxy's judgement (it resolves the name and dials only the address it checked);
 * the never-rules: no decision ever lets a guest reach another guest.
 
-An attempt without a name (a hard-coded address) is judged as decide() judges the address.
+Each name has an address of its own here, so a pinned address stands for one name. Where two
+names share an address, or the guest connects to a pinned address by number, the kernel is
+stricter than decide() by design (an address pinned under a port-scoped deny is refused on that
+port whoever reaches it); tests/unit/test_nfteval.py shows those cases one by one.
 """
 
 from __future__ import annotations
@@ -131,10 +134,11 @@ class World:
 
     def _pin(
         self, dns: GuestDNS, addresses: tuple[str, ...], ttl: int, tags: Any, insp: bool
-    ) -> None:
+    ) -> int:
         for tag in tags:
             self.ruleset.sets[pin_set(self.link.ifname, tag)] += list(addresses)
         self.pinned += [(a, tuple(tags)) for a in addresses]
+        return 300
 
     def resolve(self, name: str) -> str | None:
         """The resolver's real code: the address the guest learns for ``name``, or None."""

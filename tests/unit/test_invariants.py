@@ -40,6 +40,16 @@ def test_never_rules(address: str | None, port: int, broken: str | None) -> None
     assert never(W, ip, port) == broken
 
 
+@pytest.mark.parametrize(
+    ("port", "protocol", "broken"),
+    [(53, "udp", None), (3128, "udp", "never.gateway_port"), (None, "icmp", "never.gateway_port")],
+)
+def test_the_gateways_services_are_tcp_proxy_and_dns(
+    port: int | None, protocol: str, broken: str | None
+) -> None:
+    assert never(W, W.gateway, port, protocol) == broken
+
+
 def test_probe_targets() -> None:
     assert probe_target({"address": "10.0.0.1", "port": 9}) == (ipaddress.ip_address("10.0.0.1"), 9)
     assert probe_target({"url": "http://169.254.169.254/latest/"}) == (

@@ -82,6 +82,24 @@ def test_a_port_scoped_deny_pins_its_port_shut() -> None:
     assert opened.evaluate(tcp(IPv4Address("140.82.113.9"), 2222)) == ("accept", "allow.open")
 
 
+def test_a_deny_pin_comes_before_the_address_allow_rules() -> None:
+    """deny gist.github.com:22 with an allow for its whole network: decide() refuses :22 to
+    the name first (deny wins), so the kernel must meet the deny pin before the cidr rule."""
+    profile = parse_policy(
+        b"""
+[profiles.p]
+internet = "locked"
+allow = [ { cidr = "140.82.112.0/20" } ]
+deny = [ { domain = "gist.github.com", port = 22 } ]
+""",
+        "t.toml",
+    ).profile("p", gateway_address=LINK.gateway)
+    nft = Nft(*compiled(profile), LINK, {"pin_g5_d0": ["140.82.113.9"]})
+    assert nft.evaluate(tcp(IPv4Address("140.82.113.9"), 22)) == ("deny", "deny.rule")
+    assert nft.evaluate(tcp(IPv4Address("140.82.113.9"), 443)) == ("accept", "allow.rule")
+    assert nft.evaluate(tcp(IPv4Address("140.82.113.10"), 22)) == ("accept", "allow.rule")
+
+
 @pytest.mark.parametrize(
     ("elem", "value", "expected"),
     [

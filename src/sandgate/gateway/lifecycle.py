@@ -259,21 +259,24 @@ class Lifecycle:
 
     def pin(
         self, dns: GuestDNS, addresses: tuple[str, ...], ttl: int, tags: PinTags, inspect: bool
-    ) -> None:
+    ) -> int:
         """Before the guest hears an answer: put its addresses into the pin sets the policy
         names (policy/pins.py), and send TLS to them through the proxy when the name is
-        inspected. One transaction."""
+        inspected. One transaction. The seconds the kernel keeps them."""
         cmds = pin_elements(dns.link, addresses, ttl, tags, self.limits)
         if inspect:
             cmds.append(inspect_elements(dns.link, addresses, ttl, self.limits))
         if cmds:
             self.nft.run(batch(*cmds))
+        return self.limits.pin_timeout(ttl)
 
     # -- reloads --------------------------------------------------------------------------------
 
     def reload(self, path: str) -> None:
-        """Apply a changed policy file to its guests; raises (keeping the old rules) if invalid."""
+        """Apply a changed policy file to its guests; raises (keeping the old rules) if invalid,
+        or if it now asks for other wiring than the gateway's."""
         policy = load_policy(path)
+        self.check_wiring(policy)
         changed = []
         for guest in self.table:
             if guest.msg.get("policy") != path:
@@ -288,6 +291,10 @@ class Lifecycle:
             )
             guest.profile, guest.sites = profile, sites
             self.sites.update(sites)
+            # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
+            # holds any more; its next answers pin again.
+            self.resolver.forget(guest.dns.profile_key)
+            guest.dns.pinned.clear()
             guest.dns.profile = profile
             guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
             if guest.proxy is not None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -241,10 +242,14 @@ class SelfCheck:
         gw.sites.update(sites)
         # What the resolver pinned before the rules were lost, pinned again.
         repins: list[dict[str, Any]] = []
-        for (address, tags), _until in guest.dns.pinned.items():
-            repins += pin_elements(guest.link, [address], 300, tags, gw.limits)
+        now = time.monotonic()
+        for (address, tags), until in guest.dns.pinned.items():
+            left = int(until - now)  # the kernel's element had this long to live
+            if left <= 0:
+                continue
+            repins += pin_elements(guest.link, [address], left, tags, gw.limits)
             if guest.profile.inspect:
-                repins.append(inspect_elements(guest.link, [address], 300, gw.limits))
+                repins.append(inspect_elements(guest.link, [address], left, gw.limits))
         if repins:
             with contextlib.suppress(SandgateError):
                 gw.nft.run(batch(*repins))

@@ -228,8 +228,8 @@ class Gateway:
 
     # -- what the resolver and the proxy are handed ----------------------------------------------
 
-    def _pin(self, *args: Any) -> None:
-        self.guests_.pin(*args)
+    def _pin(self, *args: Any) -> int:
+        return self.guests_.pin(*args)
 
     # -- the control socket's operations ----------------------------------------------------------
 

@@ -52,6 +52,10 @@ class Limits:
     pin_timeout_min: int = 60  # seconds an allowlisted address stays pinned at least
     pin_timeout_max: int = 3600
 
+    def pin_timeout(self, ttl: int) -> int:
+        """How long the kernel keeps an answer's pinned addresses: its TTL, bounded."""
+        return max(self.pin_timeout_min, min(ttl, self.pin_timeout_max))
+
 
 @dataclass(frozen=True)
 class Site:
@@ -481,7 +485,7 @@ def pin_elements(
     limits: Limits = Limits(),
 ) -> list[Json]:
     """Add addresses to the pin sets named by ``tags``, timing out with their TTL."""
-    timeout = max(limits.pin_timeout_min, min(ttl, limits.pin_timeout_max))
+    timeout = limits.pin_timeout(ttl)
     elems = [{"elem": {"val": a, "timeout": timeout}} for a in addresses]
     return [
         {
@@ -597,7 +601,7 @@ def inspect_elements(
     link: GuestLink, addresses: Iterable[str], ttl: int, limits: Limits = Limits()
 ) -> Json:
     """Send this guest's TLS to these addresses (of an inspected name) to the proxy, for a TTL."""
-    timeout = max(limits.pin_timeout_min, min(ttl, limits.pin_timeout_max))
+    timeout = limits.pin_timeout(ttl)
     elems = [{"elem": {"val": {"concat": [link.ifname, a]}, "timeout": timeout}} for a in addresses]
     return {
         "add": {"element": {"family": "inet", "table": TABLE, "name": "inspect4", "elem": elems}}

@@ -1,5 +1,4 @@
-"""The probe catalogue, the never-rules, and the driver that runs inside a guest.
-"""
+"""The probe catalogue, the never-rules, and the driver that runs inside a guest."""
 
 __all__ = [
     "catalogue",

@@ -41,14 +41,18 @@ class Wiring:
     named_exactly: tuple[IPAddress, ...] = ()  # single addresses an allow rule names
 
 
-def never(wiring: Wiring, address: IPAddress | None, port: int | None) -> str | None:
+def never(
+    wiring: Wiring, address: IPAddress | None, port: int | None, protocol: str = "tcp"
+) -> str | None:
     """The never-rule an attempt to ``address:port`` would break if it were allowed, or None."""
     if address is None:
         return None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     if address == wiring.gateway:
-        if port in (RESOLVER_PORT, *GATEWAY_PROXY_PORTS):
+        if port == RESOLVER_PORT and protocol in ("tcp", "udp"):
+            return None
+        if port in GATEWAY_PROXY_PORTS and protocol == "tcp":
             return None
         return "never.gateway_port"
     if address.version == wiring.guest_pool.version and address in wiring.guest_pool:
@@ -61,7 +65,8 @@ def never(wiring: Wiring, address: IPAddress | None, port: int | None) -> str | 
 
 
 def probe_target(args: dict[str, object]) -> tuple[IPAddress | None, int | None]:
-    """The address and port a probe aims at, when it names an address (not a name)."""
+    """The address and port a probe aims at, when it names an address (not a name).
+    (Its protocol is the probe's action: ``tcp``, ``udp``, ``icmp``, or http over tcp.)"""
     address, port = args.get("address"), args.get("port")
     url = args.get("url")
     if address is None and isinstance(url, str):

@@ -251,7 +251,8 @@ def _judge(
         # No refusal and no answer: the gateway let it pass (to nobody) if it recorded an
         # allow; otherwise it is counted as refused, as before there was a record to read.
         observed = "allow" if probe.expected == "allow" and logged == "yes" else "deny"
-    broken = never(wiring, *probe_target(probe.args)) if wiring is not None else None
+    protocol = probe.action if probe.action in ("udp", "icmp") else "tcp"
+    broken = never(wiring, *probe_target(probe.args), protocol) if wiring is not None else None
     if broken is not None and (probe.expected == "allow" or observed == "allow"):
         return result(
             "FAIL",
@@ -290,10 +291,14 @@ def _session_invariants(
     # AAAA or ANY question is refused by its type while the name's A question is answered).
     questions = [e for e in events if e.kind.value == "dns" and e.name]
     answered = {e.name for e in questions if e.verdict == "allow"}
+    forwarded = ("deny.cname_target", "deny.cname_loop")  # asked upstream, then its answer refused
     refused = [
         str(e.name)
         for e in questions
-        if e.verdict == "deny" and "answers" not in e.details and e.name not in answered
+        if e.verdict == "deny"
+        and "answers" not in e.details
+        and e.reason not in forwarded
+        and e.name not in answered
     ]
     leaked = leaked_names(refused, seen.get("dns", []))
     rows = []

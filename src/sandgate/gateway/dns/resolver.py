@@ -105,8 +105,12 @@ class _Entry:
 
 
 Emit = Callable[[FlowKey, Event], None]
-# (guest, addresses, ttl, pin sets, inspect?)
-Pin = Callable[[GuestDNS, tuple[str, ...], int, PinTags, bool], None]
+# (guest, addresses, ttl, pin sets, inspect?) -> the seconds the kernel keeps them
+Pin = Callable[[GuestDNS, tuple[str, ...], int, PinTags, bool], int]
+
+
+class _Reloaded(Exception):
+    """The guest's policy changed while its question was with the upstream."""
 Reply = Callable[[bytes | None], None]  # the answer for the guest; None: no answer at all
 
 
@@ -218,9 +222,19 @@ class Resolver:
             reply(self._answered(guest, wire, client, proto, entry))
             return
 
+        asked_under = guest.profile_key
+
         def upstream_answered(upstream: bytes | None, error: BaseException | None) -> None:
             try:
+                if guest.profile_key != asked_under:
+                    # The policy was reloaded while the upstream was asked: this question was
+                    # judged (and its pin sets named) under the old one. Fail closed.
+                    raise _Reloaded
                 entry = self._judged(guest, q, decision, upstream, error)
+            except _Reloaded:
+                wire_ = dnslogic.servfail(q, "the policy changed; ask again")
+                reply(wire[:2] + wire_[2:])
+                return
             except Exception as exc:  # a bug must cost one answer, never the resolver
                 traceback.print_exc(file=sys.stderr)
                 entry = _entry(
@@ -333,12 +347,14 @@ class Resolver:
         )
 
     def _ensure_pinned(self, guest: GuestDNS, entry: _Entry) -> None:
+        """Pin an answer's addresses unless the kernel still holds them for a while: what is
+        remembered is when the kernel's own element expires (the pin's timeout)."""
         now = time.monotonic()
         todo = tuple(a for a in entry.addresses if guest.pinned.get((a, entry.pin), 0) < now + 5)
         if todo:
-            self._pin(guest, todo, entry.ttl, entry.pin, entry.inspect)
+            timeout = self._pin(guest, todo, entry.ttl, entry.pin, entry.inspect)
             for a in todo:
-                guest.pinned[(a, entry.pin)] = now + max(entry.ttl, 60)
+                guest.pinned[(a, entry.pin)] = now + timeout
 
     def _log(
         self, guest: GuestDNS, client: tuple[str, int], proto: str, entry: _Entry, *, cached: bool

@@ -281,7 +281,10 @@ def _one_request(
         rec.note = "aborted mid-body"
         _answer(client, 400, f"sandgate: malformed request: {exc.message}", rec, ctx, log=False)
         keep = False
-    except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
+    except h11.ProtocolError as exc:
+        rec.note = f"aborted: {httphead.h11_message(exc)}"  # never the bytes h11 quotes
+        keep = False
+    except (OSError, ssl.SSLError) as exc:
         rec.note = f"aborted: {exc}"
         keep = False
     ctx.emit(rec.flow_key(), rec.event())
