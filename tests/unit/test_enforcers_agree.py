@@ -21,6 +21,7 @@ port whoever reaches it); tests/unit/test_nfteval.py shows those cases one by on
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
@@ -251,3 +252,19 @@ def test_the_gateways_own_ports(pol: tuple[Profile, GuestLink], proto: str, port
     assert reached == d.allowed, (proto, port, d.key)
     service = port == 53 or (proto == "tcp" and port in (3128, 15080, 15443))
     assert d.allowed == service, (proto, port, d.key)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(policies(), st.sampled_from(("tcp", "udp", "icmp")))
+def test_no_policy_reaches_the_host(pol: tuple[Profile, GuestLink], proto: str) -> None:
+    """The host the gateway runs on (here a "public" address the rules may cover) is closed
+    whatever the rules allow, in decide() and in the kernel."""
+    profile, link = pol
+    host = IPv4Address("203.0.113.33")  # also gist.github.com's here: even a pinned name
+    profile = dataclasses.replace(profile, host_addresses=(host,))
+    world = World(profile, link)
+    world.resolve("gist.github.com")
+    port = None if proto == "icmp" else 22
+    d = decide(profile, Attempt(Protocol(proto), host, port, "gist.github.com"))
+    assert not d.allowed and d.key in ("deny.host", "deny.rule"), d.key
+    assert not world.kernel(str(host), proto, port)

@@ -33,6 +33,7 @@ class GatewayConfig:
         str, ...
     ] = ()  # CAs the proxy trusts upstream besides the system's (test world)
     policy: str = ""  # the policy file whose [gateway] table this is (for messages)
+    host_addresses: tuple[str, ...] = ()  # the host's own addresses: no guest reaches them
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -53,6 +54,7 @@ class GatewayConfig:
         raw["upstream_dns"] = tuple(raw.get("upstream_dns", ()))
         raw["public_override"] = tuple(raw.get("public_override", ()))
         raw["extra_ca"] = tuple(raw.get("extra_ca", ()))
+        raw["host_addresses"] = tuple(raw.get("host_addresses", ()))
         return cls(**raw)
 
 

@@ -78,6 +78,7 @@ class Lifecycle:
         self.netlink, self.plumber, self._nl = netlink, plumber, nl
         self.pool = table.pool
         self.public_override = tuple(ipaddress.ip_network(n) for n in cfg.public_override)
+        self.host_addresses = tuple(ipaddress.ip_address(a) for a in cfg.host_addresses)
         self._lock = asyncio.Lock()
         self._detaching: set[asyncio.Task[None]] = set()
         self.canary_worker: ns.NsThread | None = None
@@ -93,6 +94,7 @@ class Lifecycle:
                 guest_pool=self.pool,
                 gateway_address=link.gateway,
                 public_override=self.public_override,
+                host_addresses=self.host_addresses,
             )
         return policy.profile(
             msg.get("profile"),
@@ -102,6 +104,7 @@ class Lifecycle:
             public_override=self.public_override,
             gateway_address=link.gateway,
             guest_pool=self.pool,
+            host_addresses=self.host_addresses,
         )
 
     def check_wiring(self, policy: Policy) -> None:
@@ -165,6 +168,7 @@ class Lifecycle:
             "policy": policy.source,
             "proxy": f"http://{link.gateway}:{EXPLICIT_PORT}",
             "guest_pool": str(self.pool),
+            "host_addresses": [str(a) for a in self.host_addresses],
             "ca": self.proxy.ca_cert_pem().decode(),
             "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
             "model_hosts": profile.model_hosts(),

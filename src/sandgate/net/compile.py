@@ -286,6 +286,9 @@ def guest_add(
         _match(_payload("ip", "daddr"), _prefix(profile.guest_pool)),
         b.site(fwd, g, deny(Reason.LATERAL)),
     )
+    host = _host_match(profile)
+    if host:
+        b.rule(fwd, *host, b.site(fwd, g, deny(Reason.HOST)))
     # Addresses the guest learnt under a name that a port-scoped deny rule speaks to.
     for pin in pins:
         if pin.action == "deny":
@@ -345,6 +348,8 @@ def guest_add(
         if rule.spec.network is not None and rule.spec.network.version == 4:
             b.rule(inp, *_rule_match(rule), b.site(inp, g, deny(Reason.RULE_DENY, rule=rule)))
     b.rule(inp, own, b.site(inp, g, deny(Reason.GATEWAY_PORT)))
+    if host:  # through pasta the gateway holds the host's own address
+        b.rule(inp, *host, b.site(inp, g, deny(Reason.HOST)))
     b.rule(inp, b.site(inp, g, deny(Reason.LATERAL)))
 
     b.add("element", name="fwd", elem=[[g, {"jump": {"target": fwd}}]])
@@ -508,6 +513,11 @@ def _pin_match(guest: str, pin: PinRule) -> list[Json]:
         _match(_payload("ip", "daddr"), "@" + pin_set(guest, pin.tag)),
         *_scope_match(pin.rule),
     ]
+
+
+def _host_match(profile: Profile) -> list[Json]:
+    hosts = [str(a) for a in profile.host_addresses if a.version == 4]
+    return [_match(_payload("ip", "daddr"), {"set": hosts})] if hosts else []
 
 
 def _rule_match(rule: Rule) -> list[Json]:

@@ -9,7 +9,8 @@ Order of judgement (first match wins):
     redirects it before any rule is consulted; names are then judged by the resolver), and
     the guest's own gateway proxy is reached (its requests are judged there);
  2. an explicit ``deny`` rule (deny wins over every allow);
- 3. the guest pool: the own gateway's other ports, and other guests, are closed;
+ 3. the guest pool and the host: the own gateway's other ports, other guests and the host the
+    gateway runs on are closed (no rule opens them);
  4. private and special-purpose addresses, unless an allow rule names that block or a part of it
     (an IPv4 address only: for IPv6 such a rule meets step 5);
  5. IPv6 that is not IPv4-mapped (the gateway routes IPv4 only);
@@ -52,6 +53,7 @@ class Reason(enum.Enum):
     DNS_REDIRECT = ("deny.dns_redirect", "DNS goes to the gateway resolver only")
     GATEWAY_PORT = ("deny.gateway", "the gateway answers DNS only")
     LATERAL = ("deny.lateral", "another guest of the gateway")
+    HOST = ("deny.host", "the host the gateway runs on")
     IPV6 = ("deny.ipv6", "the gateway routes IPv4 only")
     QUIC = ("deny.quic", "QUIC (udp/443) is refused so HTTPS goes through the proxy")
     DNS_BYPASS = ("deny.dns_bypass", "DNS over TLS/QUIC would bypass the gateway resolver")
@@ -250,6 +252,8 @@ def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> De
         return deny(Reason.GATEWAY_PORT, f"{address} port {port}")
     if address.version == profile.guest_pool.version and address in profile.guest_pool:
         return deny(Reason.LATERAL, f"{address} is in the guest pool {profile.guest_pool}")
+    if address in profile.host_addresses:
+        return deny(Reason.HOST, f"{address} is an address of the host the gateway runs on")
 
     cls = classify(address)
     if cls.special and not _public_override(profile, address):

@@ -90,6 +90,7 @@ class Policy:
         public_override: tuple[IPNetwork, ...] = (),
         gateway_address: IPAddress | None = None,
         guest_pool: IPNetwork | None = None,
+        host_addresses: tuple[IPAddress, ...] = (),
     ) -> Profile:
         """The effective profile for one guest, with the run's overrides applied.
 
@@ -131,6 +132,7 @@ class Policy:
             secrets=tuple(spec.secret),
             public_override=public_override,
             guest_pool=guest_pool or self.file.gateway.pool,
+            host_addresses=host_addresses,
             gateway_address=gateway_address,
             fronts=tuple(Front(f.name, *front_upstream(f.upstream)) for f in spec.front),
             tunnel_idle=spec.tunnels.idle_seconds,

@@ -93,6 +93,7 @@ class Profile:
     public_override: tuple[IPNetwork, ...] = ()
     guest_pool: IPNetwork = field(default_factory=lambda: ipaddress.ip_network("10.201.0.0/16"))
     gateway_address: IPAddress | None = None  # the guest's own gateway, when known
+    host_addresses: tuple[IPAddress, ...] = ()  # the host the gateway runs on, when known
     fronts: tuple[Front, ...] = ()
     tunnel_idle: float = 300.0
     tunnel_max_seconds: float = 86400.0

@@ -110,6 +110,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 public_override=tuple(_networks(world.public_override)) if world else (),
                 gateway_address=_ip(guest["gateway"]),
                 guest_pool=_networks((guest["guest_pool"],))[0],
+                host_addresses=tuple(_ip(a) for a in guest.get("host_addresses", ())),
             )
             secrets = guest.get("secrets") or {}
             placeholder = next((s["placeholder"] for s in secrets.values()), None)
@@ -120,10 +121,12 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 world=world is not None,
                 peer=peer_address,
                 placeholder=placeholder,
+                host_addresses=[str(a) for a in profile.host_addresses],
             )
             wiring["guest"] = Wiring(
                 guest_pool=profile.guest_pool,
                 gateway=_ip(guest["gateway"]),
+                host_addresses=profile.host_addresses,
                 named_exactly=tuple(
                     r.spec.network.network_address
                     for r in profile.allow

@@ -177,6 +177,7 @@ def gateway_config(
             "choose a guest_pool outside every network the gateway reaches, e.g. 10.201.0.0/16",
         )
     upstream = tuple(spec.upstream_dns)
+    host = tuple(a.split("/")[0] for a in host_addresses())
     if info is not None:
         return GatewayConfig(
             instance=instance,
@@ -187,6 +188,7 @@ def gateway_config(
             store=store or "",
             extra_ca=(str(info.ca_cert),),
             policy=policy.source,
+            host_addresses=host,
             **extra,
         )
     return GatewayConfig(
@@ -196,6 +198,7 @@ def gateway_config(
         upstream_dns=upstream or host_resolvers(),
         store=store or "",
         policy=policy.source,
+        host_addresses=host,
         **extra,
     )
 
