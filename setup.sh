@@ -55,6 +55,17 @@ case "${1:-}" in
     demo) shift; exec "$venv/bin/sandgate" demo "$@" ;;
     test)
         shift
+        # Only the tests need a browser (the HTML report and the dashboard are checked in one).
+        browser=()
+        for p in chromium chromium-driver; do
+            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || browser+=("$p")
+        done
+        if [ "${#browser[@]}" -gt 0 ]; then
+            echo "setup.sh: installing ${browser[*]} for the tests (a headless browser)"
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq
+            apt-get install -y -qq --no-install-recommends "${browser[@]}" >/dev/null
+        fi
         cd "$here"
         "$venv/bin/ruff" check src tests bench
         "$venv/bin/mypy"
