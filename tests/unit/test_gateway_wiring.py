@@ -51,3 +51,17 @@ def test_a_pool_over_the_uplinks_network_is_refused_at_its_line(pool: str) -> No
     assert (problem.file, problem.line) == ("user.toml", 2)
     assert "overlaps the uplink's network" in problem.message
     assert "10.201.0.0/16" in (problem.fix or "")
+
+
+def test_a_full_pool_says_so() -> None:
+    import ipaddress
+
+    from sandgate.errors import SandgateError
+    from sandgate.gateway.guests import GuestTable
+
+    table = GuestTable(ipaddress.ip_network("10.202.0.0/28"))  # 3 guests and the canary
+    table.draining |= {"g0", "g1", "g2"}
+    with pytest.raises(SandgateError, match="is full"):
+        table.free_index()
+    table.draining.discard("g1")
+    assert table.free_index() == 1

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandgate.errors import SandgateError
 from sandgate.gateway.dns.resolver import GuestDNS
 from sandgate.gateway.logs.prochold import ProcessHold
 from sandgate.gateway.proxy.flow import ProxyGuest
@@ -55,11 +56,18 @@ class GuestTable:
 
     def free_index(self) -> int:
         """The first /30 of the pool no guest holds (the last is the canary's)."""
-        return next(
+        free = (
             i
             for i in range(self.canary_index())
             if f"g{i}" not in self.by_link and f"g{i}" not in self.draining
         )
+        index = next(free, None)
+        if index is None:
+            raise SandgateError(
+                f"the guest pool {self.pool} is full ({len(self.by_link)} guests)",
+                "wait for sessions to end, or start the gateway with a larger guest_pool",
+            )
+        return index
 
     def canary_index(self) -> int:
         return self.pool.num_addresses // 4 - 1
