@@ -49,7 +49,7 @@ pre{background:#f6f6f6;padding:6px;white-space:pre-wrap;overflow-wrap:anywhere;m
 .plots{display:flex;flex-wrap:wrap;gap:1.5em}svg text{font:11px system-ui,sans-serif}
 details>summary{cursor:pointer;font-weight:600;margin:.5em 0}
 .session{border:1px solid #ccc;padding:0 1em;margin:1em 0}
-.legend span{margin-right:1.2em}
+.legend span{margin-right:1.2em}.suite td:nth-child(-n+3){white-space:nowrap}
 """
 
 # The one script: filter the events table, open a session's <details> its link points at.
@@ -588,7 +588,7 @@ def suite_html(
     share = result.attribution_share()
     if share is not None:
         body.append(f"<p>TCP attempts traced to a process: {100 * share:.1f}%</p>")
-    body.append(_table(head, rows))
+    body.append(_table(head, rows, "suite"))
     body.append("<h2>sessions</h2>")
     for r in result.rows:
         if r.session is None or r.session not in sessions:
