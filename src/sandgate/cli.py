@@ -40,6 +40,42 @@ NotifyOpt = Annotated[
     typer.Option("--notify", help="command (gets $SANDGATE_ALARM) or URL told when it ends"),
 ]
 
+# -- HTML reports (report/html.py) ---------------------------------------------------------------
+HtmlOpt = Annotated[
+    Path | None,
+    typer.Option("--html", help="also write one self-contained HTML file (opens offline)"),
+]
+
+
+def _write_html(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        _fail(SandgateError(f"cannot write {path}: {exc.strerror}", "choose a writable path"))
+    err.print(f"HTML report: {path}", highlight=False)
+
+
+def _write_suite_html(path: Path, result: Any) -> None:
+    """Every row's session report, read back from the store, embedded in one file."""
+    from sandgate.events.store import Store
+    from sandgate.report.html import suite_html
+    from sandgate.report.session import build_report
+
+    sessions = {}
+    store = Store()
+    try:
+        for r in result.rows:
+            row = store.session(r.session) if r.session else None
+            if row is not None:
+                events = store.events(session=row.id)
+                sessions[row.id] = (build_report(row, events, row.details.get("counters")), events)
+    finally:
+        store.close()
+    _write_html(path, suite_html(result, sessions))
+
+
+# -- end of HTML reports ----------------------------------------------------------------------
+
 
 def _fail(exc: SandgateError, code: int = 2) -> None:
     from sandgate.session.tasks import TaskFileError
@@ -354,6 +390,7 @@ def suite(
         bool, typer.Option("--verbose", "-v", help="show the agent's output")
     ] = False,
     notify: NotifyOpt = None,
+    html_out: HtmlOpt = None,
 ) -> None:
     """Run every task of a task file in each mode, each in a fresh session; a results table."""
     from sandgate.agents.registry import resolve
@@ -396,12 +433,15 @@ def suite(
         if share is not None:
             out.print(f"TCP attempts traced to a process: {100 * share:.1f}%")
         out.print(f"saved: {result.saved}", highlight=False)
+    if html_out is not None:
+        _write_suite_html(html_out, result)
 
 
 @app.command()
 def report(
     session: Annotated[str, typer.Option("--session", "-s", help="session id or 'last'")] = "last",
     json_out: JsonOpt = False,
+    html_out: HtmlOpt = None,
 ) -> None:
     """What a session reached for, what it changed, which claims the evidence contradicts."""
     from sandgate.events.store import Store
@@ -411,12 +451,17 @@ def report(
     store = Store()
     try:
         row = _session_row(store, session)
-        r = build_report(row, store.events(session=row.id), row.details.get("counters"))
+        events = store.events(session=row.id)
+        r = build_report(row, events, row.details.get("counters"))
     finally:
         store.close()
+    if html_out is not None:
+        from sandgate.report.html import session_html
+
+        _write_html(html_out, session_html(r, events))
     if json_out:
         print(json.dumps({"session": r.session, **r.as_json()}))
-    else:
+    elif html_out is None:
         print_report(r, out)
 
 

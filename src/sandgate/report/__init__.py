@@ -1,6 +1,8 @@
-"""Terminal tables and the session report (render.py, session.py)."""
+"""Terminal tables, the session report and its self-contained HTML form (render.py,
+session.py, html.py)."""
 
 __all__ = [
+    "html",
     "render",
     "session",
 ]
