@@ -64,11 +64,8 @@ def test_a_session_as_ocsf(stack: Stack, home: Path) -> None:
 
     def dns(name: str) -> list[dict[str, Any]]:
         """Questions for the name's address (AAAA gets deny.ipv6: the gateway routes IPv4)."""
-        return [
-            x
-            for x in recs
-            if x["class_uid"] == 4003 and x["query"] == {"hostname": name, "type": "A", "class": "IN"}
-        ]
+        question = {"hostname": name, "type": "A", "class": "IN"}
+        return [x for x in recs if x["class_uid"] == 4003 and x["query"] == question]
 
     allowed, refused = dns("pypi.org"), dns("evil.example")
     assert allowed and all(x["action_id"] == 1 and x["disposition_id"] == 1 for x in allowed)
@@ -92,7 +89,8 @@ def test_a_session_as_ocsf(stack: Stack, home: Path) -> None:
     # curl's process is known for at least some of its flows; its command line is redacted.
     curls = [x["actor"]["process"] for x in recs if "process" in x.get("actor", {})]
     assert any(p["name"] == "curl" and "pypi.org" in p.get("cmd_line", "") for p in curls), curls
-    assert "SECRET" not in log.stdout, [line for line in log.stdout.splitlines() if "SECRET" in line]
+    leaks = [line for line in log.stdout.splitlines() if "SECRET" in line]
+    assert not leaks, leaks
 
     # The session's own export file: the same records, written when the session ended.
     kept = (home / "sessions" / sid / "events.ocsf.jsonl").read_text().splitlines()

@@ -251,6 +251,13 @@ def test_refused_request_without_an_address() -> None:
     assert rec["http_request"]["url"]["url_string"] == "http://evil.example/up"
 
 
+def test_an_endpoint_that_is_no_address_is_a_name() -> None:
+    rec = check(Event.attempt(Kind.CONN, None, ts=TS, src="sg-l1?", dst="fe80::1", protocol="ipv6"))
+    assert rec["src_endpoint"] == {"name": "sg-l1?"}
+    assert rec["dst_endpoint"] == {"ip": "fe80::1"}
+    assert rec["action_id"] == 0 and rec["activity_id"] == 6 and "firewall_rule" not in rec
+
+
 def test_findings_are_left_out() -> None:
     for kind in ocsf.SKIPPED_KINDS:
         assert ocsf.record(Event(kind=kind, ts=TS)) is None

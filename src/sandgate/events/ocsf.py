@@ -19,8 +19,9 @@ The Decision lands in ``action_id`` (1 Allowed, 2 Denied), ``disposition_id`` (1
 when no rule matched; ``name`` the rule's label or the reason key; ``desc`` the reason).
 Sandgate's own fields (session, guest, reason key, category...) go in ``unmapped``.
 
-Why 1.8.0: the latest released OCSF schema (tag 1.8.0, March 2026), the version peers emit
-(OpenShell), and every attribute used here exists with this meaning since 1.3.0. The records
+Why 1.8.0: the latest released OCSF schema (tag 1.8.0, March 2026) and the version peers emit
+(OpenShell). Not older: 1.3.0 lacks ``app_protocol_name`` and the HTTP ``Patch`` activity, and
+required ``dst_endpoint`` and ``action_id`` where 1.8.0 recommends them. The records
 use the ``host`` (actor) and ``security_control`` (action, disposition, firewall_rule) profiles
 and say so in ``metadata.profiles``. Nothing secret is written: the proxy redacts paths before
 they are events, the path's ``?…`` marker is dropped here, and URLs in a process's command line
@@ -29,6 +30,7 @@ lose their userinfo and query (``/proc`` cmdlines are stored as the kernel gave 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
@@ -231,8 +233,8 @@ def _common(e: Event, out: dict[str, Any], uid: int | str | None) -> dict[str, A
     actor = _actor(e)
     if actor:
         out["actor"] = actor
-    if e.reason:
-        out["message"] = f"{e.verdict or 'seen'}: {_reason_label(e.reason) or e.reason}"
+    if e.reason and e.verdict:
+        out["message"] = f"{e.verdict}: {_reason_label(e.reason) or e.reason}"
     if "src_endpoint" in out and out["src_endpoint"] is None:
         del out["src_endpoint"]
     if out.get("dst_endpoint") is None:
@@ -248,7 +250,10 @@ def _endpoint(
 ) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     if ip:
-        out["ip"] = ip
+        try:
+            out["ip"] = str(ipaddress.ip_address(ip))
+        except ValueError:  # not an address (a record built by hand): keep it as a name
+            out["name"] = ip
     if hostname:
         out["hostname"] = hostname
     if not out:
