@@ -326,6 +326,12 @@ def log(
     json_out: JsonOpt = False,
     limit: Annotated[int | None, typer.Option("--limit", help="at most this many events")] = None,
     sessions: Annotated[bool, typer.Option("--sessions", help="list the sessions instead")] = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="text, json (as --json) or ocsf (OCSF 1.8.0 JSONL, for a SIEM)"
+        ),
+    ] = None,
 ) -> None:
     """Every attempt of a session (or of everything), from the event store."""
     from sandgate.events.schema import Kind
@@ -338,6 +344,8 @@ def log(
         raise typer.BadParameter(
             f"choose among {', '.join(k.value for k in Kind)}", param_hint="--kind"
         ) from None
+    fmt = _log_format(fmt, json_out, sessions)
+    json_out = fmt == "json"
     store = Store()
     if sessions:
         rows = store.sessions(limit or 50)
@@ -355,14 +363,45 @@ def log(
         return
     try:
         sid = _session_row(store, session).id if session is not None else None
-        events = store.events(session=sid, kinds=kinds, limit=limit)
+        if fmt == "ocsf":
+            id_rows = store.events_with_ids(session=sid, kinds=kinds, limit=limit)
+        else:
+            events = store.events(session=sid, kinds=kinds, limit=limit)
     finally:
         store.close()
-    if json_out:
+    if fmt == "ocsf":
+        _print_ocsf(id_rows)
+    elif json_out:
         for e in events:
             print(json.dumps(e.as_json()))
     else:
         out.print(events_table(events))
+
+
+# -- log --format (OCSF export: events/ocsf.py) ------------------------------------------------
+
+LOG_FORMATS = ("text", "json", "ocsf")
+
+
+def _log_format(fmt: str | None, json_out: bool, sessions: bool) -> str:
+    """``--format``, with ``--json`` kept as its alias; a clash is a clear error."""
+    if fmt is not None and fmt not in LOG_FORMATS:
+        raise typer.BadParameter(f"choose among {', '.join(LOG_FORMATS)}", param_hint="--format")
+    if json_out and fmt not in (None, "json"):
+        raise typer.BadParameter(f"--json means --format json, not {fmt}", param_hint="--format")
+    chosen = "json" if json_out else fmt or "text"
+    if sessions and chosen == "ocsf":
+        raise typer.BadParameter("OCSF is for events; list sessions as text or json")
+    return chosen
+
+
+def _print_ocsf(rows: list[tuple[int, Any]]) -> None:
+    from sandgate.events.ocsf import write_jsonl
+
+    skipped = write_jsonl(rows, sys.stdout)
+    if skipped:
+        left = ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items()))
+        sys.stderr.write(f"sandgate: not network activity, left out of OCSF: {left}\n")
 
 
 @app.command()

@@ -1,8 +1,9 @@
 """One event schema with the Decision inside (and the flow key enforcers join records by), the
-SQLite store with its hash chain.
+SQLite store with its hash chain, the OCSF export.
 """
 
 __all__ = [
+    "ocsf",
     "schema",
     "store",
 ]

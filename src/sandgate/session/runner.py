@@ -8,6 +8,7 @@ it made is removed on the way out: on success, on error, on Ctrl-C and on SIGTER
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
 import signal
@@ -200,6 +201,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         except Exception as exc:  # the claim check is a finding, never a reason to lose a run
             end["claims_error"] = f"{type(exc).__name__}: {exc}"
     store.session_end(sid, exit_code, {**start_details, **end})
+    export_ocsf(keep / OCSF_FILE, store.events_with_ids(session=sid))
     report = build_report(store.session(sid), store.events(session=sid), counters)
     store.close()
     if opts.notify:
@@ -246,6 +248,26 @@ def _read_output(path: Path) -> str:
         return path.read_bytes()[-(1 << 20) :].decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+OCSF_FILE = "events.ocsf.jsonl"  # the session's attempts as OCSF, for a SIEM (events/ocsf.py)
+
+
+def export_ocsf(path: Path, rows: list[tuple[int, Any]]) -> None:
+    """Write the session's OCSF file whole (a temporary file renamed into place); a failure is
+    said on stderr and never changes the session's outcome: the store still has the events."""
+    from sandgate.events.ocsf import write_jsonl
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            write_jsonl(rows, f)
+        tmp.replace(path)
+    except OSError as exc:
+        sys.stderr.write(f"sandgate: could not write {path}: {exc}\n")
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def session_dir(sid: str, store: str | None = None) -> Path:
