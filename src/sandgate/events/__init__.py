@@ -3,6 +3,8 @@ SQLite store with its hash chain.
 """
 
 __all__ = [
+    "chain",
     "schema",
     "store",
+    "verify",
 ]
