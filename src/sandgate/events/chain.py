@@ -24,8 +24,9 @@ checkpoints, or an old copy put back) verifies internally; only this record, whi
 write the database but not the keys dir cannot roll back, shows the cut. The writer also numbers
 on from it, so a cut stays visible as a gap after new events arrive.
 
-Measured 2026-12-02 (bench in tests/unit/test_chain.py, 2 shared cores): about 5 us per event for
-the hashing, and one signature plus the head record (~60 us) per batch.
+Measured 2026-12-01 (test_the_cost_per_event in tests/unit/test_chain.py, batches of 100, 2
+shared cores): ~7 us per event for the canonical JSON and its hash, ~50 us per batch for the
+signature; chained and signed ~20 us per event against ~10 us for a plain insert.
 """
 
 from __future__ import annotations
@@ -247,31 +248,57 @@ class Head:
     signed: bool
 
 
+# The head record is rewritten in place, in two fixed-size slots taken in turn (checkpoint n in
+# slot n % 2): a rename per batch cost 3.6 ms on ext4 (it flushes the replaced file), a pwrite
+# costs microseconds, and a write torn by a crash spoils one slot, never both.
+_SLOT = 1024
+
+
 def read_head(store: Path, public: Ed25519PublicKey | None) -> Head | None:
+    """The newest readable slot of the head record (None: there is no record)."""
     path = head_path(store)
     try:
-        raw = json.loads(path.read_text())
-        genesis = bytes.fromhex(raw["genesis"])
-        msg = _message({k: raw[k] for k in _SIGNED})
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SandgateError(f"the head record {path} is unreadable: {exc}") from exc
+    slots = []
+    for at in range(0, len(data), _SLOT):
+        try:
+            raw = json.loads(data[at : at + _SLOT].rstrip(b" \0\n"))
+            slots.append((int(raw["n"]), raw))
+        except (ValueError, KeyError, TypeError):
+            continue
+    if not slots:
+        raise SandgateError(f"the head record {path} is unreadable", "it was damaged or altered")
+    raw = max(slots, key=lambda s: s[0])[1]
+    try:
         signed = False
         if public is not None:
             try:
-                public.verify(bytes.fromhex(raw["sig"]), msg)
+                public.verify(bytes.fromhex(raw["sig"]), _message({k: raw[k] for k in _SIGNED}))
                 signed = True
             except InvalidSignature:
                 pass
-        return Head(int(raw["n"]), int(raw["last"]), bytes.fromhex(raw["head"]), genesis, signed)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return Head(
+            int(raw["n"]),
+            int(raw["last"]),
+            bytes.fromhex(raw["head"]),
+            bytes.fromhex(raw["genesis"]),
+            signed,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
         raise SandgateError(f"the head record {path} is unreadable: {exc}") from exc
 
 
 def _write_head(store: Path, cp: Checkpoint, genesis: bytes) -> None:
-    path = head_path(store)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cp.as_head(genesis, store.name)))
-    os.replace(tmp, path)
+    data = json.dumps(cp.as_head(genesis, store.name)).encode().ljust(_SLOT - 1) + b"\n"
+    fd = os.open(head_path(store), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, (cp.n % 2) * _SLOT)
+    finally:
+        os.close(fd)
 
 
 # -- the writer -----------------------------------------------------------------------------------
