@@ -161,6 +161,18 @@ def test_what_a_cut_with_the_head_record_looks_like(store: Store, tmp_path: Path
     assert broken(s.verify()) == (Break.TRUNCATED, None)
 
 
+def test_a_store_deleted_and_begun_again(store: Store, tmp_path: Path) -> None:
+    store.close()
+    for f in tmp_path.glob("events.db*"):
+        f.unlink()
+    s = Store(tmp_path / "events.db")
+    assert broken(s.verify()) == (Break.TRUNCATED, None)
+    assert "replaced or emptied" in s.verify().summary()
+    s.add(batch("fresh", 2))  # a new chain: the old record is kept aside, the new one verifies
+    assert s.verify().ok
+    assert list(keys_dir(tmp_path / "events.db").glob("events.db.head.old-*"))
+
+
 def test_a_forged_checkpoint_signature(store: Store) -> None:
     sig = store._db.execute("SELECT sig FROM checkpoints WHERE n = 2").fetchone()[0]
     forged = ("0" if sig[0] != "0" else "1") + sig[1:]

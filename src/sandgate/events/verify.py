@@ -130,6 +130,14 @@ def _verify(db: sqlite3.Connection, store: Path, session: str | None) -> Verific
     else:
         lo, hi = None, None
     if chain is None:
+        record = read_head(store, None)
+        if record is not None:  # the record outlives a store deleted or emptied with its chain
+            text = (
+                f"this store has no chain, but the head record {head_path(store)} names"
+                f" checkpoint #{record.n} (event {record.last}): it was replaced or emptied"
+            )
+            gone = Problem(Break.TRUNCATED, None, None, text)
+            return Verification(0, 0, None, None, (gone,), session)
         if not count:
             return Verification(0, 0, None, None, (), session)
         text = f"this store has no chain: events before {_when(last_ts)} cannot be verified"
