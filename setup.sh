@@ -17,7 +17,7 @@ fi
 # Kernel plumbing, the sandbox, and the real clients tests run inside sandboxes.
 packages=(nftables bubblewrap iproute2 util-linux procps curl git ca-certificates
           passt iptables python3 python3-venv python3-pip python3-dev gcc dnsutils iputils-ping
-          netcat-openbsd jq)
+          netcat-openbsd jq sqlite3)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

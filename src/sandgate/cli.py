@@ -317,6 +317,12 @@ def explain(
 
 @app.command()
 def log(
+    action: Annotated[
+        str | None,
+        typer.Argument(
+            help="verify: recompute the store's hash chain and check its signed checkpoints"
+        ),
+    ] = None,
     session: Annotated[
         str | None, typer.Option("--session", "-s", help="session id or 'last'")
     ] = None,
@@ -333,10 +339,15 @@ def log(
         ),
     ] = None,
 ) -> None:
-    """Every attempt of a session (or of everything), from the event store."""
+    """Every attempt of a session (or of everything), from the event store.
+    `sandgate log verify` checks that the store was not changed."""
     from sandgate.events.schema import Kind
     from sandgate.events.store import Store
     from sandgate.report.render import events_table
+
+    if action is not None:
+        _log_verify(action, session, json_out)
+        return
 
     try:
         kinds = [Kind(k) for k in kind or []]
@@ -402,6 +413,34 @@ def _print_ocsf(rows: list[tuple[int, Any]]) -> None:
     if skipped:
         left = ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items()))
         sys.stderr.write(f"sandgate: not network activity, left out of OCSF: {left}\n")
+
+
+def _log_verify(action: str, session: str | None, json_out: bool) -> None:
+    """`sandgate log verify [--session ID]`: exit 0 with a summary, or 1 naming the first break."""
+    from sandgate.events.store import Store
+
+    if action != "verify":
+        raise typer.BadParameter(f"{action!r}: the only action is 'verify'", param_hint="ACTION")
+    try:
+        store = Store()
+        try:
+            sid = _session_row(store, session).id if session is not None else None
+            result = store.verify(sid)
+        finally:
+            store.close()
+    except SandgateError as exc:
+        _fail(exc)
+    if json_out:
+        print(json.dumps({"ok": result.ok, "summary": result.summary(),
+                          "problems": [{"key": p.why.key, "event": p.event, "session": p.session,
+                                        "text": p.line()} for p in result.problems]}))  # fmt: skip
+    else:
+        # plain print: one line a script can grep, never wrapped at the terminal's width
+        print(result.summary(), file=sys.stdout if result.ok else sys.stderr)
+        for p in result.problems[1:]:
+            print(f"  also: {p.line()}", file=sys.stderr)
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -3,7 +3,9 @@ SQLite store with its hash chain, the OCSF export.
 """
 
 __all__ = [
+    "chain",
     "ocsf",
     "schema",
     "store",
+    "verify",
 ]

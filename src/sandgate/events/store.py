@@ -1,7 +1,9 @@
 """The event store: one SQLite file, written by the gateway daemon and the session runner.
 
 WAL mode lets ``sandgate log`` read while the daemon writes. The daemon batches inserts (one
-transaction per flush) so logging keeps up with the resolver and NFLOG rates.
+transaction per flush) so logging keeps up with the resolver and NFLOG rates. Every batch is
+hash-chained and ends with a signed checkpoint (events/chain.py); ``verify`` checks them
+(events/verify.py).
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandgate.errors import SandgateError
-from sandgate.events.schema import FIELDS, Event, Kind
+from sandgate.events import chain
+from sandgate.events.schema import Event, Kind
+
+if TYPE_CHECKING:
+    from sandgate.events.verify import Verification
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -25,7 +31,7 @@ CREATE TABLE IF NOT EXISTS events (
     ts REAL NOT NULL,
     session TEXT, guest TEXT, kind TEXT NOT NULL, verdict TEXT, rule TEXT, reason TEXT,
     category TEXT, src TEXT, dst TEXT, port INTEGER, protocol TEXT, name TEXT,
-    uid INTEGER, pid INTEGER, count INTEGER NOT NULL DEFAULT 1, details TEXT
+    uid INTEGER, pid INTEGER, count INTEGER NOT NULL DEFAULT 1, details TEXT, hash TEXT
 );
 CREATE INDEX IF NOT EXISTS events_session ON events(session, kind, ts);
 CREATE TABLE IF NOT EXISTS sessions (
@@ -76,6 +82,7 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            chain.migrate(self._db)
         except (sqlite3.Error, OSError) as exc:
             raise SandgateError(
                 f"cannot open the event store {self.path}: {exc}",
@@ -83,6 +90,7 @@ class Store:
             ) from exc
         os.chmod(self.path, 0o600)
         self._lock = threading.Lock()
+        self._chain = chain.Writer(self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -92,10 +100,16 @@ class Store:
         rows = [e.row() for e in events]
         if not rows:
             return 0
-        marks = ",".join("?" * len(FIELDS))
         with self._lock, self._db:
-            self._db.executemany(f"INSERT INTO events ({','.join(FIELDS)}) VALUES ({marks})", rows)
+            self._chain.append(self._db, rows)
         return len(rows)
+
+    def verify(self, session: str | None = None) -> Verification:
+        """Recompute the hash chain and check the signed checkpoints (events/verify.py)."""
+        from sandgate.events.verify import verify
+
+        with self._lock:
+            return verify(self._db, self.path, session)
 
     def events(
         self,
