@@ -204,3 +204,27 @@ def test_notify_when_the_session_ends(sandbox: Runner, tmp_path: Path) -> None:
     payload = json.loads(told.read_text())
     assert payload["event"] == "session-end"
     assert payload["session"] == r.session and payload["exit_code"] == 3
+
+
+def test_sandgates_home_is_hidden_from_the_sandbox_wherever_it_is(
+    sandbox: Runner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The store's signing key lives in sandgate's home: set to a place the sandbox sees
+    read-only (/opt here), the home is still not there inside."""
+    home = Path("/opt/sg-test-home")
+    (home / "keys").mkdir(parents=True, exist_ok=True)
+    (home / "keys" / "probe").write_text("secret")
+    os.chmod(home, 0o755)
+    os.chmod(home / "keys", 0o755)
+    os.chmod(home / "keys" / "probe", 0o644)
+    try:
+        monkeypatch.setenv("SANDGATE_HOME", str(home))
+        r = sandbox.sh(f"ls {home}/keys 2>&1; cat {home}/keys/probe 2>&1; echo done")
+        out = capfd.readouterr().out
+        assert r.exit_code == 0 and "done" in out
+        assert "secret" not in out, out
+    finally:
+        subprocess.run(["rm", "-rf", str(home)], check=True)

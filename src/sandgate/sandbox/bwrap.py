@@ -77,7 +77,7 @@ def argv(spec: SandboxSpec) -> list[str]:
     for top in SYSTEM_DIRS:
         if os.path.isdir(top):
             out += ["--ro-bind", top, top]
-    for hidden in HIDDEN:
+    for hidden in (*HIDDEN, *_home_to_hide()):
         if hidden in spec.scratch:
             continue
         if os.path.isdir(hidden) and not os.path.islink(hidden):
@@ -145,3 +145,11 @@ def find_command(name: str, path: str = SANDBOX_PATH) -> str | None:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def _home_to_hide() -> tuple[str, ...]:
+    """sandgate's home (the store and its signing key) when it is set to a place inside the
+    system directories the sandbox sees read-only: a sandbox never reads it."""
+    home = os.path.realpath(os.environ.get("SANDGATE_HOME", "/var/lib/sandgate"))
+    inside = any(home == top or home.startswith(top + "/") for top in SYSTEM_DIRS)
+    return (home,) if inside and os.path.isdir(home) and home not in HIDDEN else ()
