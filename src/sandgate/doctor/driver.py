@@ -107,7 +107,7 @@ def model(target: dict[str, Any]) -> dict[str, Any]:
             s.connect((target["address"], target["port"]))
             out["connect"] = "ok"
         except OSError as exc:
-            out["connect"] = exc.__class__.__name__
+            out["connect"] = f"{exc.__class__.__name__}: {exc.strerror or exc}"
             return out
         finally:
             s.close()
