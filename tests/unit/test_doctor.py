@@ -163,6 +163,9 @@ def _set(path: str, value: Any) -> Breaker:
     return apply
 
 
+EDE23 = "23 (Network Error): (sandgate: upstream: no upstream resolver answered)"
+
+
 def _passthrough(seen: dict[str, Any]) -> None:
     seen["inspected"][0]["direct"] = {"der": der(WORLD_CA, "api.openai.com")}
 
@@ -176,6 +179,8 @@ BROKEN: list[tuple[str, Breaker, str, tuple[str, ...]]] = [
      "gateway resolver", ("sandgate explain pypi.org",)),
     ("upstream down", _set("dns_fresh.status", "SERVFAIL"), "upstream DNS",
      (topology.RESOLVER, "upstream_dns")),
+    ("upstream down, said by the gateway", _set("dns_fresh", {"status": "SERVFAIL", "ede": EDE23}),
+     "upstream DNS", (topology.RESOLVER, "Network Error")),
     ("proxy down", _set("doors.explicit", {"code": "000", "error": "refused"}),
      "explicit proxy", ("sandgate down",)),
     ("door refuses", _set("doors.transparent.sandgate_reason", "deny.rule"),
@@ -271,3 +276,13 @@ def test_a_failed_hop_always_carries_a_fix() -> None:
         Hop("x", Status.FAIL, "broken")
     with pytest.raises(ValueError):
         Hop("x", Status.OK, "fine", "a fix for nothing")
+
+
+def test_doctor_help_names_its_options() -> None:
+    from typer.testing import CliRunner
+
+    from sandgate.cli import app
+
+    out = CliRunner().invoke(app, ["doctor", "--help"], terminal_width=200).output
+    for flag in ("--world", "--policy", "--profile", "--instance", "--json"):
+        assert flag in out

@@ -116,7 +116,9 @@ def sandbox_resolver(plan: Plan, seen: dict[str, Any]) -> Hop:
 
 
 def _refused(got: dict[str, Any]) -> bool:
-    return "sandgate" in str(got.get("ede", ""))
+    """The gateway's own refusal (its EDE text says "sandgate: deny..."); a SERVFAIL with the
+    gateway's "Network Error" EDE is upstream not answering, not a refusal."""
+    return "sandgate" in str(got.get("ede", "")) and got.get("status") != "SERVFAIL"
 
 
 def gateway_resolver(plan: Plan, seen: dict[str, Any], facts: GatewayFacts) -> Hop:
@@ -171,9 +173,11 @@ def upstream_dns(plan: Plan, seen: dict[str, Any], facts: GatewayFacts) -> Hop:
         return skip(name, f"the gateway refused {asked} itself: {got.get('ede')}")
     if status in ("NOERROR", "NXDOMAIN"):
         return ok(name, f"{_servers(facts)} answered {asked}: {status}{cached}")
+    ede = f" ({got['ede']})" if got.get("ede") else ""
     return fail(
         name,
-        f"{status} for {asked}: the gateway's upstream resolver ({_servers(facts)}) did not answer",
+        f"{status} for {asked}{ede}: the gateway's upstream resolver ({_servers(facts)}) "
+        "did not answer",
         f"make {_servers(facts)} reachable from the gateway's uplink, or name one that is with "
         '`upstream_dns = ["ADDRESS"]` under [gateway] in the policy file',
     )
