@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandgate.doctor.hops import Status
+from sandgate.doctor.plan import OFFLINE_ADDRESS, OFFLINE_NAME
 from sandgate.doctor.runner import DoctorOptions, doctor_on
+from sandgate.events.schema import Kind
 from sandgate.session.stack import Stack, bring_up
 
+from .conftest import Runner
 from .test_cli import sg
 
 pytestmark = pytest.mark.kernel
@@ -115,3 +120,24 @@ def test_an_unreachable_upstream_fails_the_upstream_hop(faulty: Stack) -> None:
     # The resolver itself still answers: the hop before it passes.
     assert hops["gateway resolver"].status is Status.OK
     assert hops["sandbox resolver"].status is Status.OK
+
+
+def test_the_offline_door_requests_are_answered_by_the_gateway_itself(sandbox: Runner) -> None:
+    """Without a world, doctor asks both doors for sandgate-doctor.invalid (the transparent one
+    at TEST-NET-1): the gateway's proxy must refuse it itself, so nothing is forwarded."""
+    work = Path(tempfile.mkdtemp(prefix="sg-doctortest-"))
+    work.chmod(0o777)
+    door = f"{OFFLINE_NAME}:80:{OFFLINE_ADDRESS}"
+    url = f"http://{OFFLINE_NAME}/"
+    r = sandbox.sh(
+        f"curl -sS -m 4 -o /dev/null -D /work/explicit -x $HTTP_PROXY {url}; "
+        f"curl -sS -m 4 -o /dev/null -D /work/transparent --noproxy '*' --resolve {door} {url}",
+        workdir=work,
+    )
+    heads = {d: (work / d).read_text().lower() for d in ("explicit", "transparent")}
+    shutil.rmtree(work, ignore_errors=True)
+    assert r.exit_code == 0
+    for door_name, head in heads.items():
+        assert "x-sandgate-reason" in head, (door_name, head)
+    http = [e for e in sandbox.events(r) if e.kind is Kind.HTTP]
+    assert len(http) == 2 and all(e.verdict == "deny" for e in http), http
