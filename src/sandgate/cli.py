@@ -652,6 +652,45 @@ def prove(
 
 
 @app.command()
+def doctor(
+    world: Annotated[
+        str | None, typer.Option("--world", help="'test': check sandgate's own test world")
+    ] = None,
+    policy: PolicyOpt = None,
+    profile: ProfileOpt = None,
+    instance: Annotated[
+        str | None, typer.Option("--instance", help="check this running gateway")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON object: every hop")] = False,
+) -> None:
+    """Hop by hop from inside a fresh sandbox: what works, what does not, and the fix."""
+    from sandgate.doctor.runner import DoctorOptions
+    from sandgate.doctor.runner import doctor as run_doctor
+    from sandgate.report.render import doctor_table
+
+    if world not in (None, "test"):
+        raise typer.BadParameter("the only world is 'test'", param_hint="--world")
+    try:
+        result = run_doctor(
+            DoctorOptions(world=world, policy=policy, profile=profile, instance=instance)
+        )
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if json_out:
+        print(json.dumps(result.as_json()))
+    else:
+        wide = out if out.is_terminal else Console(width=160)
+        wide.print(doctor_table(result))
+        t = result.totals()
+        out.print(
+            f"[green]{t['ok']} ok[/green], [red]{t['fail']} failed[/red], {t['skip']} skipped "
+            f"(session {result.session}; every attempt: sandgate log --session {result.session})"
+        )
+    raise typer.Exit(1 if result.failed else 0)
+
+
+@app.command()
 def cleanup(
     everything: Annotated[
         bool, typer.Option("--all", help="also what live sandgate processes own")

@@ -21,6 +21,7 @@ SRC = Path(sandgate.__file__).parent
 
 EXPORTS = {
     "sandgate.agents": ["demo_agent", "frameworks", "registry", "scripted_agent"],
+    "sandgate.doctor": ["driver", "hops", "judge", "plan", "runner"],
     "sandgate.events": ["chain", "ocsf", "schema", "store", "verify"],
     "sandgate.gateway": [
         "config", "control", "daemon", "dns", "guests", "integrity", "lifecycle", "logfeed",

@@ -284,5 +284,9 @@ def inject_fault(what: str, guests: Sequence[GuestView], resolver: Resolver, pro
                 proxy.stop_guest(guest.proxy)
     elif what == "resolver-open":
         resolver.forward_everything = True
+    elif what == "upstream":
+        # The upstream resolver unreachable (`sandgate doctor`'s SERVFAIL): a loopback address
+        # of the gateway's namespace where nothing listens, so no query leaves it.
+        resolver.upstream.servers = ["127.0.0.1"]
     else:
-        raise SandgateError(f"unknown fault {what!r}", "resolver, proxy or resolver-open")
+        raise SandgateError(f"unknown fault {what!r}", "resolver, proxy, resolver-open or upstream")

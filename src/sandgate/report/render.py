@@ -310,6 +310,25 @@ def prove_table(result: object) -> Table:
     return table
 
 
+def doctor_table(result: object) -> Table:
+    """``sandgate doctor``: one row per hop, in the order traffic crosses them; a failed hop's
+    fix on the line below it."""
+    table = Table(
+        title=f"sandgate doctor: profile {getattr(result, 'profile', '')}, "
+        f"{getattr(result, 'mode', '')} mode",
+        title_justify="left",
+    )
+    for col in ("hop", "status", "detail"):
+        table.add_column(col, overflow="fold")
+    style = {"ok": "green", "fail": "bold red", "skip": "yellow"}
+    for h in getattr(result, "hops", []):
+        status = str(h.status)
+        table.add_row(h.name, Text(status, style=style.get(status, "")), Text(h.detail))
+        if h.fix:
+            table.add_row("", "", Text(f"↳ fix: {h.fix}", style="red"))
+    return table
+
+
 def _roles_cell(attribution: dict[str, object]) -> str:
     roles = attribution.get("by_role") or {}
     assert isinstance(roles, dict)

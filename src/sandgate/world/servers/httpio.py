@@ -9,6 +9,7 @@ before the next is pulled), which is what SSE and the lock-step tests rely on.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import ssl
 import time
@@ -243,6 +244,8 @@ class _H1:
             headers.append(("content-length", str(len(body))))
         if "server" not in names:
             headers.append(("server", "sg-world"))
+        if "date" not in names:  # `sandgate doctor` checks the guest's clock against it
+            headers.append(("date", email.utils.formatdate(usegmt=True)))
         self.writer.write(self.send_event(h11.Response(status_code=resp.status, headers=headers)))
         if req.method == "HEAD":
             await close_body(body)
