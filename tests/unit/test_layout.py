@@ -41,7 +41,7 @@ EXPORTS = {
         "patterns", "pins", "profile", "requests",
     ],
     "sandgate.prove": ["catalogue", "driver", "invariants", "runner"],
-    "sandgate.report": ["render", "session"],
+    "sandgate.report": ["dashboard", "dashpage", "metrics", "render", "session"],
     "sandgate.sandbox": ["bwrap", "launch", "privilege", "tree", "workspace"],
     "sandgate.session": [
         "claims", "demo", "drift", "evidence", "runner", "stack", "suite", "tasks",

@@ -1,6 +1,9 @@
-"""Terminal tables and the session report (render.py, session.py)."""
+"""Terminal tables, the session report, the live dashboard and its metrics."""
 
 __all__ = [
+    "dashboard",
+    "dashpage",
+    "metrics",
     "render",
     "session",
 ]
