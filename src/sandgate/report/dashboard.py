@@ -31,6 +31,7 @@ import secrets
 import sqlite3
 import sys
 import time
+import traceback
 import urllib.parse
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -163,7 +164,7 @@ def socket_owner(peer: str, peer_port: int, local: str, local_port: int) -> int 
 # -- the gateway's stream, fanned out to browsers ----------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # one per open page, kept in a set by identity
 class _Client:
     queue: asyncio.Queue[dict[str, Any] | None] = field(
         default_factory=lambda: asyncio.Queue(CLIENT_QUEUE)
@@ -385,6 +386,11 @@ class Dashboard:
                     await _send(conn, writer, exc.error_status_hint, "text/plain", b"bad request\n")
         except (ConnectionError, h11.LocalProtocolError):
             pass
+        except Exception:  # report, never die of one request
+            traceback.print_exc(file=sys.stderr)
+            if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                with contextlib.suppress(Exception):
+                    await _send(conn, writer, 500, "text/plain", b"internal error\n")
         finally:
             writer.close()
 
