@@ -149,7 +149,9 @@ def parse_listen(text: str) -> tuple[str, int]:
 def socket_owner(peer: str, peer_port: int, local: str, local_port: int) -> int | None:
     """The uid of the socket that connected from ``peer:peer_port`` to us, by an exact sock_diag
     lookup of its 4-tuple (in our namespace, where a loopback client's socket is); None when the
-    kernel does not know it."""
+    kernel does not know it. The order matters: the same tuple the other way round is our own
+    accepted socket, root's, and would let everyone in (the kernel test with uid 65534 shows it).
+    """
     try:
         request = sockdiag.pack_diag_request("tcp", peer, peer_port, local, local_port)
         with sockdiag.open_socket() as sock:
