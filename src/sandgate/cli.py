@@ -470,6 +470,10 @@ def dashboard(
         bool, typer.Option("--public", help="allow a non-loopback --listen (token for all)")
     ] = False,
     backlog: Annotated[int, typer.Option("--backlog", help="events shown on load")] = 500,
+    token_file: Annotated[
+        Path | None,
+        typer.Option("--token-file", help="keep the token here (made if missing) across restarts"),
+    ] = None,
 ) -> None:
     """Live web view of a running gateway's attempts, and /metrics for Prometheus."""
     import dataclasses
@@ -495,7 +499,13 @@ def dashboard(
         store = default_path()
     try:
         opts = dash.options(
-            handle.instance, handle.control, store, listen, allow_uid or (), public=public
+            handle.instance,
+            handle.control,
+            store,
+            listen,
+            allow_uid or (),
+            public=public,
+            token_file=token_file,
         )
         dash.run(dataclasses.replace(opts, backlog=max(0, backlog)))
     except SandgateError as exc:

@@ -120,6 +120,12 @@ def test_root_is_let_in_by_its_socket(dash: Dash) -> None:
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     status, _ = get(dash.url + "/metrics")
     assert status == 200
+    head = subprocess.run(
+        ["curl", "-sI", "-o", "/dev/null", "-w", "%{http_code}", "-m", "5", dash.url + "/"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert head.stdout == "405"
+    assert get(dash.url + "/session/no-such-session")[0] == 404
 
 
 def test_others_need_the_token(dash: Dash) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sandgate.errors import SandgateError
@@ -10,6 +12,7 @@ from sandgate.report.dashboard import (
     is_loopback,
     let_in,
     listener_hosts,
+    load_token,
     options,
     parse_listen,
     token_given,
@@ -103,9 +106,7 @@ def test_parse_listen() -> None:
             parse_listen(bad)
 
 
-def test_non_loopback_needs_public(tmp_path: object) -> None:
-    from pathlib import Path
-
+def test_non_loopback_needs_public() -> None:
     with pytest.raises(SandgateError, match="not a loopback address") as info:
         options("t", Path("/nonexistent"), Path("/nonexistent"), "0.0.0.0:8377")
     assert "--public" in (info.value.fix or "")
@@ -115,3 +116,15 @@ def test_non_loopback_needs_public(tmp_path: object) -> None:
     local = options("t", Path("/x"), Path("/x"), "127.0.0.1:8377", [1000])
     assert local.access.allow_uids == {1000}
     assert local.access.token != opts.access.token
+
+
+def test_token_file(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    made = load_token(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert load_token(path) == made  # the same across restarts
+    path.write_text("short\n")
+    with pytest.raises(SandgateError, match="too short"):
+        load_token(path)
+    with pytest.raises(SandgateError, match="cannot write"):
+        load_token(tmp_path / "no-such-dir" / "token")

@@ -27,6 +27,7 @@ import errno
 import hmac
 import ipaddress
 import json
+import os
 import secrets
 import sqlite3
 import sys
@@ -374,8 +375,9 @@ class Dashboard:
                 token = token_given(target, headers)
                 if not let_in(self.access, peer[0], owner, token, headers.get("host")):
                     self.health.refused += 1
+                    refusal = b"a token is needed: ?token=... or Authorization: Bearer ...\n"
                     await _send(conn, writer, 401, "text/plain; charset=utf-8",
-                                b"a token is needed: ?token=... or Authorization: Bearer ...\n",
+                                b"" if request.method == b"HEAD" else refusal,
                                 [(b"www-authenticate", b"Bearer")])  # fmt: skip
                 elif not await self._route(conn, writer, request.method, target):
                     return
@@ -401,8 +403,9 @@ class Dashboard:
     ) -> bool:
         """Answer one request; False when the connection is done (an event stream ended)."""
         path = urllib.parse.unquote(urllib.parse.urlsplit(target).path)
-        if method not in (b"GET", b"HEAD"):
-            await _send(conn, writer, 405, "text/plain", b"GET only\n", [(b"allow", b"GET")])
+        if method != b"GET":  # a HEAD answer has no body: h11 refuses one
+            body = b"" if method == b"HEAD" else b"GET only\n"
+            await _send(conn, writer, 405, "text/plain", body, [(b"allow", b"GET")])
         elif path == "/":
             page = dashpage.page(self.opts.instance).encode()
             await _send(conn, writer, 200, "text/html; charset=utf-8", page)
@@ -569,7 +572,7 @@ def options(
     listen: str,
     allow_uids: Iterable[int] = (),
     public: bool = False,
-    token: str | None = None,
+    token_file: Path | None = None,
 ) -> Options:
     host, port = parse_listen(listen)
     if not is_loopback(host) and not public:
@@ -578,11 +581,35 @@ def options(
             "pass --public to mean it (every client then needs the token), or listen on 127.0.0.1",
         )
     access = Access(
-        token=token or secrets.token_urlsafe(24),
+        token=load_token(token_file) if token_file else secrets.token_urlsafe(24),
         allow_uids=frozenset(allow_uids),
         hosts=frozenset() if public else listener_hosts(host, port),
     )
     return Options(instance, control_path, store_path, host, port, access, public)
+
+
+def load_token(path: Path) -> str:
+    """The token kept in ``path`` (a scraper's bearer token stays the same across restarts);
+    a new one is written there, readable by root only, when the file does not exist."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = secrets.token_urlsafe(24)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+        except OSError as exc:
+            raise SandgateError(f"cannot write the token file {path}: {exc.strerror}") from exc
+        return token
+    except OSError as exc:
+        raise SandgateError(f"cannot read the token file {path}: {exc.strerror}") from exc
+    if len(token) < 16:
+        raise SandgateError(
+            f"the token in {path} is too short to guard anything ({len(token)} characters)",
+            f"put 16 or more random characters there, or delete {path} for a new one",
+        )
+    return token
 
 
 def run(opts: Options) -> None:
@@ -613,6 +640,7 @@ __all__ = [
     "is_loopback",
     "let_in",
     "listener_hosts",
+    "load_token",
     "options",
     "parse_listen",
     "run",
