@@ -574,6 +574,69 @@ def watch(
         pass
 
 
+# -- dashboard (issue 12, parts 2 and 6) ---------------------------------------------------------
+
+
+@app.command()
+def dashboard(
+    instance: Annotated[
+        str | None, typer.Option("--instance", help="which gateway (default: main, then test)")
+    ] = None,
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT to serve on (loopback unless --public)")
+    ] = "127.0.0.1:8377",
+    allow_uid: Annotated[
+        list[int] | None,
+        typer.Option("--allow-uid", help="a local uid let in without the token, like root"),
+    ] = None,
+    public: Annotated[
+        bool, typer.Option("--public", help="allow a non-loopback --listen (token for all)")
+    ] = False,
+    backlog: Annotated[int, typer.Option("--backlog", help="events shown on load")] = 500,
+    token_file: Annotated[
+        Path | None,
+        typer.Option("--token-file", help="keep the token here (made if missing) across restarts"),
+    ] = None,
+) -> None:
+    """Live web view of a running gateway's attempts, and /metrics for Prometheus."""
+    import dataclasses
+
+    from sandgate.events.store import default_path
+    from sandgate.gateway import manage
+    from sandgate.gateway.config import GatewayConfig, run_dir
+    from sandgate.report import dashboard as dash
+
+    handle = None
+    for name in [instance] if instance else ["main", "test"]:
+        handle = manage.find(name)
+        if handle is not None:
+            break
+    if handle is None:
+        which = f"'{instance}' " if instance else ""
+        _fail(SandgateError(f"no gateway {which}is running", "start one with `sandgate up`"))
+        return
+    try:
+        cfg = GatewayConfig.load((run_dir(handle.instance) / "gateway.json").read_text())
+        store = Path(cfg.store) if cfg.store else default_path()
+    except (OSError, ValueError):
+        store = default_path()
+    try:
+        opts = dash.options(
+            handle.instance,
+            handle.control,
+            store,
+            listen,
+            allow_uid or (),
+            public=public,
+            token_file=token_file,
+        )
+        dash.run(dataclasses.replace(opts, backlog=max(0, backlog)))
+    except SandgateError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        pass
+
+
 @policy_app.command("check")
 def policy_check(
     path: Annotated[Path, typer.Argument(help="the policy file")],

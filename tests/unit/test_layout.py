@@ -42,7 +42,7 @@ EXPORTS = {
         "patterns", "pins", "profile", "requests",
     ],
     "sandgate.prove": ["catalogue", "driver", "invariants", "runner"],
-    "sandgate.report": ["html", "render", "session"],
+    "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],
     "sandgate.sandbox": ["bwrap", "launch", "privilege", "tree", "workspace"],
     "sandgate.session": [
         "claims", "demo", "drift", "evidence", "runner", "stack", "suite", "tasks",

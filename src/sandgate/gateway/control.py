@@ -5,8 +5,9 @@ Request  ``{"op": "...", ...}``  →  reply ``{"ok": true, ...}`` or
 object per line, until the client goes away.
 
 Ops (the daemon's dispatch table, gateway/server.py): ``ping``, ``add_guest``,
-``remove_guest``, ``status``, ``flush``, ``check`` (integrity), ``snapshot``, ``reload``,
-``fault`` (tests), ``shutdown``; and ``watch``, served here from the event sink.
+``remove_guest``, ``status``, ``metrics`` (exact totals), ``flush``, ``check`` (integrity),
+``snapshot``, ``reload``, ``fault`` (tests), ``shutdown``; and ``watch``, served here from the
+event sink.
 """
 
 from __future__ import annotations

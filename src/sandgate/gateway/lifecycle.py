@@ -82,6 +82,8 @@ class Lifecycle:
         self._lock = asyncio.Lock()
         self._detaching: set[asyncio.Task[None]] = set()
         self.canary_worker: ns.NsThread | None = None
+        # Packets of sites deleted since start, per (profile, rule, verdict, reason).
+        self.retired: dict[tuple[str, str | None, str, str], int] = {}
 
     # -- what a guest may do --------------------------------------------------------------------
 
@@ -289,10 +291,12 @@ class Lifecycle:
             if profile != guest.profile:
                 changed.append((guest, profile))
         for guest, profile in changed:
+            before = self.counters(guest)
             cmds, sites = guest_add(guest.link, profile, self.limits)
             self.nft.run(
                 batch(*guest_remove(guest.link, guest.sites.values(), guest.profile), *cmds)
             )
+            self._retire(guest.profile.name, before)
             guest.profile, guest.sites = profile, sites
             self.sites.update(sites)
             # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
@@ -330,6 +334,7 @@ class Lifecycle:
         self.sink.attributor.flush(name, time.monotonic())
         t.mark("logs")
         counters = self.counters(guest)
+        self._retire(guest.profile.name, counters)
         t.mark("counters")
         async with self._lock:
             loop = asyncio.get_running_loop()
@@ -390,8 +395,21 @@ class Lifecycle:
 
     def counters(self, guest: Guest) -> dict[str, dict[str, Any]]:
         """Exact per-site packet counts for one guest (the logs may be rate-limited)."""
-        out: dict[str, dict[str, Any]] = {}
-        by_counter = {site.counter: site for site in guest.sites.values()}
+        packets = self._counter_packets()
+        return {
+            site.prefix: {
+                "packets": packets[site.counter],
+                "verdict": site.verdict,
+                "reason": site.reason,
+                "rule": site.rule,
+            }
+            for site in guest.sites.values()
+            if packets.get(site.counter)
+        }
+
+    def _counter_packets(self) -> dict[str, int]:
+        """Every named counter of our tables (both families) with its packets."""
+        out: dict[str, int] = {}
         for family in ("inet", "netdev"):
             try:
                 listing = self.nft.run({"nftables": [{"list": {"counters": {"family": family}}}]})
@@ -399,17 +417,32 @@ class Lifecycle:
                 continue
             for item in (listing or {}).get("nftables", []):
                 c = item.get("counter")
-                if not c or c.get("table") != TABLE or not c.get("packets"):
-                    continue
-                site = by_counter.get(c["name"])
-                if site is not None:
-                    out[site.prefix] = {
-                        "packets": c["packets"],
-                        "verdict": site.verdict,
-                        "reason": site.reason,
-                        "rule": site.rule,
-                    }
+                if c and c.get("table") == TABLE:
+                    out[c["name"]] = int(c.get("packets") or 0)
         return out
+
+    def _retire(self, profile: str, counters: dict[str, dict[str, Any]]) -> None:
+        """Fold the counts of sites about to be deleted into the totals, so that the totals
+        `site_totals` reports only ever grow (Prometheus counters)."""
+        for c in counters.values():
+            key = (profile, c["rule"], c["verdict"], c["reason"])
+            self.retired[key] = self.retired.get(key, 0) + int(c["packets"])
+
+    def site_totals(self) -> list[dict[str, Any]]:
+        """Exact packets per (profile, rule, verdict, reason) since the gateway started: the
+        gateway-wide sites (profile ``gateway``), every guest's live sites, and those of guests
+        that left or were reloaded. The watchdog's canary is not counted."""
+        packets = self._counter_packets()
+        totals = dict(self.retired)
+        live = [("gateway", s) for s in self.sites.values() if s.guest is None]
+        live += [(g.profile.name, s) for g in self.table for s in g.sites.values()]
+        for profile, site in live:
+            key = (profile, site.rule, site.verdict, site.reason)
+            totals[key] = totals.get(key, 0) + packets.get(site.counter, 0)
+        return [
+            {"profile": p, "rule": r, "verdict": v, "reason": why, "packets": n}
+            for (p, r, v, why), n in sorted(totals.items(), key=lambda kv: str(kv[0]))
+        ]
 
     def _forget_inspected(self, ifname: str) -> None:
         """The next guest on this link must not inherit this one's inspected addresses."""

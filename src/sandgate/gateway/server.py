@@ -103,6 +103,7 @@ class Gateway:
             "remove_guest": self._remove_guest,
             "flush": self._flush,
             "status": self._status,
+            "metrics": self._metrics,
             "check": self._check,
             "snapshot": self._snapshot,
             "reload": self._reload,
@@ -266,6 +267,25 @@ class Gateway:
             "unattributed": self.sink.attributor.unattributed,
             "nflog_lost": self.feed.lost,
             "integrity": self._integrity(),
+        }
+
+    async def _metrics(self, msg: dict[str, Any]) -> dict[str, Any]:
+        # Exact totals since start (report/metrics.py renders them for Prometheus).
+        return {
+            "pid": os.getpid(),
+            "sites": self.guests_.site_totals(),
+            "events": [[*key, n] for key, n in self.sink.tally.items()],
+            "guests": len(self.table),
+            "questions": self.resolver.questions,
+            "attributed": self.sink.attributor.attributed,
+            "unattributed": self.sink.attributor.unattributed,
+            "nflog_lost": self.feed.lost,
+            "queues": {
+                "attribution": self.sink.attributor.waiting,
+                "store": len(self.sink.pending),
+                "watch": sum(q.qsize() for q in self.sink.watchers),
+            },
+            "watchers": len(self.sink.watchers),
         }
 
     async def _check(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,9 @@ class EventSink:
         self._quiet = quiet  # a guest whose events are not the log's (the watchdog's canary)
         self.pending: list[Event] = []
         self.watchers: list[asyncio.Queue[Event]] = []
+        # Exact event totals per (kind, verdict, reason, category), counted as they are flushed
+        # (not in emit, the hot path); the control socket's ``metrics`` op reports them.
+        self.tally: dict[tuple[str, str | None, str | None, str | None], int] = {}
         self.attributor = Attributor(self.emit, infer)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -79,6 +82,10 @@ class EventSink:
         if not self.pending:
             return
         events, self.pending = self.pending, []
+        tally = self.tally
+        for e in events:
+            key = (e.kind.value, e.verdict, e.reason, e.category)
+            tally[key] = tally.get(key, 0) + e.count
         try:
             self.store.add(events)
         except Exception:  # the store must never take the gateway down

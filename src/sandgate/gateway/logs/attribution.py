@@ -52,6 +52,11 @@ class Attributor:
         self.attributed = 0
         self.unattributed = 0
 
+    @property
+    def waiting(self) -> int:
+        """Events held for their sender (the attribution queue's depth)."""
+        return len(self._pending)
+
     def sender(self, key: FlowKey, uid: int | None, ts: float, **extra: object) -> None:
         """The guest side saw a new flow ``key`` sent by ``uid``."""
         known = self._senders.get(key)
