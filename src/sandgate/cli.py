@@ -511,7 +511,9 @@ def _export(
         names = sorted(pol.file.profiles) if all_profiles else [profile or pol.default_profile()]
         if all_profiles and profile:
             raise SandgateError("--profile and --all-profiles exclude each other", "give one")
-        exports = [(name, build(pol, name, namespace=namespace, selector=selector)) for name in names]
+        exports = [
+            (name, build(pol, name, namespace=namespace, selector=selector)) for name in names
+        ]
     except ValueError as exc:
         _fail(SandgateError(str(exc), "see --help"))
         return
@@ -536,7 +538,9 @@ def _export(
         err.print(f"wrote {out_path}", highlight=False)
 
 
-AllProfilesOpt = Annotated[bool, typer.Option("--all-profiles", help="every profile, one file each")]
+AllProfilesOpt = Annotated[
+    bool, typer.Option("--all-profiles", help="every profile, one file each")
+]
 OutOpt = Annotated[
     Path | None,
     typer.Option("--out", "-o", help="file (a directory with --all-profiles); default stdout"),
@@ -544,7 +548,9 @@ OutOpt = Annotated[
 NamespaceOpt = Annotated[str | None, typer.Option("--namespace", help="metadata.namespace")]
 SelectorOpt = Annotated[
     str | None,
-    typer.Option("--selector", help="pods it applies to: key=value[,...] (sandgate.io/profile=NAME)"),
+    typer.Option(
+        "--selector", help="pods it applies to: key=value[,...] (sandgate.io/profile=NAME)"
+    ),
 ]
 StrictOpt = Annotated[
     bool, typer.Option("--strict", help="fail if any rule cannot be said exactly (see warnings)")

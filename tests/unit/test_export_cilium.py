@@ -21,7 +21,7 @@ from sandgate.export import cilium, k8s
 from sandgate.export.unexpressed import strict_error
 from sandgate.policy.decide import Attempt, decide, decide_name
 from sandgate.policy.load import Policy, parse_policy
-from sandgate.policy.model import Protocol
+from sandgate.policy.model import Mode, Protocol
 from tests import cilium_sim as sim
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,9 +127,7 @@ def test_exemption_is_an_except_of_the_special_deny_and_refused_on_other_ports()
     cidrs = {c["cidr"]: c.get("except", []) for e in whole for c in e["toCIDRSet"]}
     assert cidrs["192.168.0.0/16"] == ["192.168.1.53/32"]
     assert "::/0" in cidrs
-    others = [
-        e for e in deny if any(c["cidr"] == "192.168.1.53/32" for c in e["toCIDRSet"])
-    ]
+    others = [e for e in deny if any(c["cidr"] == "192.168.1.53/32" for c in e["toCIDRSet"])]
     ports = [p for e in others for r in e.get("toPorts", []) for p in r["ports"]]
     assert {"port": "1", "endPort": 7999, "protocol": "TCP"} in ports
     assert any("icmps" in e for e in others)  # ICMP to the model server is refused too
@@ -163,11 +161,16 @@ def test_modes() -> None:
 
 def test_port_scoped_domain_deny_removes_its_ports_exactly() -> None:
     al = cilium.export_profile(rich(), "allow")
-    pypi = [e for e in al.document["spec"]["egress"] if e.get("toFQDNs") == [{"matchName": "pypi.org"}]]
+    pypi = [
+        e for e in al.document["spec"]["egress"] if e.get("toFQDNs") == [{"matchName": "pypi.org"}]
+    ]
     ports = [p for e in pypi for r in e.get("toPorts", []) for p in r["ports"]]
     assert {"port": "1", "endPort": 21, "protocol": "TCP"} in ports
     assert {"port": "23", "endPort": 65535, "protocol": "TCP"} in ports
-    assert not any(w.rule == "allow.deny[1]" for w in al.warnings)  # said exactly
+    # Said exactly by name; only where an address rule allows the address would it be reached.
+    assert {(w.feature, w.effect) for w in al.warnings if w.rule == "allow.deny[1]"} == {
+        ("domain-deny", "widened")
+    }
 
 
 def line_of(text: str) -> int:
@@ -175,12 +178,21 @@ def line_of(text: str) -> int:
 
 
 def test_warnings_name_rule_and_line() -> None:
-    got = {(w.feature, w.effect, w.rule, w.line) for w in cilium.export_profile(rich(), "allow").warnings}
+    got = {
+        (w.feature, w.effect, w.rule, w.line)
+        for w in cilium.export_profile(rich(), "allow").warnings
+    }
     assert ("domain-deny", "narrowed", "allow.deny[0]", line_of('"gist.github.com"')) in got
     assert not any(w[2] == "allow.allow[2]" and w[0] == "wildcard-depth" for w in got)
-    op = {(w.feature, w.effect, w.rule, w.line) for w in cilium.export_profile(rich(), "open").warnings}
+    op = {
+        (w.feature, w.effect, w.rule, w.line)
+        for w in cilium.export_profile(rich(), "open").warnings
+    }
     assert ("domain-deny", "widened", "open.deny[0]", line_of("evil.example.org")) in op
-    lk = {(w.feature, w.effect, w.rule, w.line) for w in cilium.export_profile(rich(), "locked").warnings}
+    lk = {
+        (w.feature, w.effect, w.rule, w.line)
+        for w in cilium.export_profile(rich(), "locked").warnings
+    }
     assert ("wildcard-depth", "narrowed", "locked.allow[1]", line_of("*.pkg.example.com")) in lk
     assert ("inspect", "dropped", None, line_of("inspect =")) in lk
     assert ("tunnel-limits", "dropped", None, line_of("[profiles.locked.tunnels]")) in lk
@@ -253,7 +265,9 @@ def sandgate_says(pol: Policy, profile_name: str, t: sim.Try) -> bool:
     return decide(profile, Attempt(Protocol(t.protocol), t.address, port, t.name)).allowed
 
 
-def explained(pol: Policy, name: str, export: cilium.Export, t: sim.Try, cilium_allows: bool) -> bool:
+def explained(
+    pol: Policy, name: str, export: cilium.Export, t: sim.Try, cilium_allows: bool
+) -> bool:
     """Is this disagreement one a warning of the export announced?"""
     profile = pol.profile(name)
     rules = {r.ref: r for r in profile.rules()}
@@ -268,10 +282,18 @@ def explained(pol: Policy, name: str, export: cilium.Export, t: sim.Try, cilium_
         if w.feature == "domain-deny" and w.effect == "narrowed" and not cilium_allows:
             for allow in profile.allow:
                 p = allow.spec.pattern
-                if p and p.matches(t.name) and (p.covers(rule.spec.pattern) or rule.spec.pattern.covers(p)):
+                if (
+                    p
+                    and p.matches(t.name)
+                    and (p.covers(rule.spec.pattern) or rule.spec.pattern.covers(p))
+                ):
                     return True
         if w.feature == "domain-deny" and w.effect == "widened" and cilium_allows:
-            if rule.spec.pattern.matches(t.name):
+            by_address = profile.mode is Mode.OPEN or (
+                t.address is not None
+                and sim.verdict(export.document, sim.Try(t.protocol, t.address, t.port))[0]
+            )
+            if rule.spec.pattern.matches(t.name) and by_address:
                 return True
     return False
 
@@ -354,3 +376,25 @@ def test_cli_strict_fails_with_the_line() -> None:
         app, ["export", "cilium", "--policy", str(HOMELAB), "--profile", "offline", "--strict"]
     )
     assert ok.exit_code == 0, ok.output
+
+
+CELLS = [
+    ("udp", None), ("icmp", None), ("tcp", 22), ("tcp", 443), ("udp", 443), ("tcp", 8000),
+    ("udp", 9050), ("tcp", 853),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(SIM_CASES)), ids=["allowlist", "open", "locked"])
+def test_every_name_cell_agrees_or_is_warned(case: int) -> None:
+    # Each name at each address of the table (a name may resolve anywhere: rebinding, IPv6).
+    pol, name = SIM_CASES[case]
+    export = _export(case)
+    for n in NAMES:
+        for a in [None, *ADDRESSES]:
+            for proto, port in CELLS:
+                if a is not None and port is None and proto != "icmp":
+                    continue
+                t = sim.Try(proto, ipaddress.ip_address(a) if a else None, port, n)
+                ours, theirs = sandgate_says(pol, name, t), sim.verdict(export.document, t)[0]
+                if ours != theirs:
+                    assert explained(pol, name, export, t, theirs), (t, ours, theirs)

@@ -86,7 +86,9 @@ def resource_name(profile: str) -> str:
 
 
 def dns_selector(pattern: DomainPattern) -> Json:
-    return {"matchPattern": f"*.{pattern.base}"} if pattern.wildcard else {"matchName": pattern.base}
+    return (
+        {"matchPattern": f"*.{pattern.base}"} if pattern.wildcard else {"matchName": pattern.base}
+    )
 
 
 def l4(cells: space.PortSet) -> list[Json]:
@@ -120,10 +122,14 @@ def _overlap(a: DomainPattern, b: DomainPattern) -> bool:
     return a.covers(b) or b.covers(a)
 
 
-def name_rules(policy: Policy, profile: Profile) -> tuple[list[NameRule], list[Unexpressed]]:
+def name_rules(
+    policy: Policy, profile: Profile, address_allows: bool = False
+) -> tuple[list[NameRule], list[Unexpressed]]:
     """Allowed names after the profile's domain deny rules, which Cilium cannot say: a deny that
     covers an allow rule whole is kept exactly (the allow loses the denied ports, or goes); one
-    that covers only part of it narrows the whole allow rule, with a warning."""
+    that covers only part of it narrows the whole allow rule, with a warning. Where addresses
+    are allowed by address (host and cidr rules, exemptions), a name resolving there is allowed
+    whatever a domain deny says: that widens, and is said too."""
     rules = [NameRule(r, space.rule_ports(r.spec)) for r in profile.allow if r.spec.pattern]
     warnings: list[Unexpressed] = []
     for deny in profile.deny:
@@ -139,6 +145,14 @@ def name_rules(policy: Policy, profile: Profile) -> tuple[list[NameRule], list[U
                 )
             )  # fmt: skip
             continue
+        if address_allows:
+            warnings.append(
+                at_rule(
+                    policy, deny.ref, "domain-deny", "widened",
+                    f"Cilium cannot refuse the name {dpat} at addresses this profile allows by "
+                    "host or cidr rule: if it resolves there, it is reached",
+                )
+            )  # fmt: skip
         kept: list[NameRule] = []
         for nr in rules:
             if not _overlap(dpat, nr.pattern):
@@ -213,7 +227,7 @@ def export_profile(
     """The CiliumNetworkPolicy for profile ``name`` and what it cannot say."""
     profile = policy.profile(name)
     plan = space.plan(profile)
-    names, warnings = name_rules(policy, profile)
+    names, warnings = name_rules(policy, profile, bool(plan.allow))
     warnings += _gateway_features(policy, profile)
 
     egress: list[Json] = []
@@ -238,9 +252,7 @@ def export_profile(
         egress.append(
             {
                 "toEndpoints": [KUBE_DNS],
-                "toPorts": [
-                    {"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": dns}}
-                ],
+                "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": dns}}],
             }
         )
         refs.append("dns")
@@ -257,7 +269,7 @@ def export_profile(
             if tls_only and not nr.pattern.wildcard:
                 # The TLS name must be this one: an address shared with another name opens
                 # nothing else (cilium/cilium#31803).
-                part: Json = {
+                tls: Json = {
                     "toPorts": [
                         {
                             "ports": [{"port": "443", "protocol": "TCP"}],
@@ -265,7 +277,7 @@ def export_profile(
                         }
                     ]
                 }
-                egress.append({"toFQDNs": sel, **part})
+                egress.append({"toFQDNs": sel, **tls})
                 refs.append(nr.rule.ref)
             else:
                 for part in l4(nr.ports):

@@ -1,12 +1,12 @@
-"""A profile's address-level verdicts laid out over the IPv4 space, for engines without ``decide()``.
+"""A profile's address-level verdicts over the IPv4 space, for engines without ``decide()``.
 
 The export asks ``decide()`` itself, never re-derives it: the space is cut into CIDR "atoms" that
 every network the verdict can depend on (special-purpose blocks, rule networks, the guest pool, the
 host) either contains or misses, and the ports into segments that every rule's range either holds
 or misses. One address and one port of each (atom, protocol, segment) then stand for all of them.
-Each cell is allowed (an allow rule, an exemption, open mode), refused whatever the name (deny rules,
-special-purpose space, QUIC, DNS-over-TLS, DNS elsewhere), or left to the names (allowlist and
-locked modes: what ``decide()`` says with the name in hand).
+Each cell is allowed (an allow rule, an exemption, open mode), refused whatever the name (deny
+rules, special-purpose space, QUIC, DNS-over-TLS, DNS elsewhere), or left to the names (allowlist
+and locked modes: what ``decide()`` says with the name in hand).
 
 Pure: no sockets. IPv6 is refused by ``decide()`` (the gateway routes IPv4 only), so it is one
 cell: ``::/0``, refused.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sandgate.policy.classify import BLOCKS
 from sandgate.policy.decide import Attempt, Reason, decide
 from sandgate.policy.exemptions import special4, subtract
-from sandgate.policy.model import ALL_PROTOCOLS, Protocol, RuleSpec
+from sandgate.policy.model import Protocol, RuleSpec
 from sandgate.policy.profile import Profile
 
 Net4 = ipaddress.IPv4Network
@@ -147,7 +147,9 @@ def _segments(profile: Profile) -> list[tuple[int, int]]:
     return list(zip(ordered, [p - 1 for p in ordered[1:]], strict=False))
 
 
-def cell(profile: Profile, address: ipaddress.IPv4Address, proto: Protocol, port: int | None) -> Cell:
+def cell(
+    profile: Profile, address: ipaddress.IPv4Address, proto: Protocol, port: int | None
+) -> Cell:
     decision = decide(profile, Attempt(proto, address, port))
     if decision.allowed:
         return Cell.ALLOW
@@ -176,7 +178,9 @@ def plan(profile: Profile) -> Plan:
     )
 
 
-def cidr_rules(nets: list[Net4], public_override: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()) -> list[tuple[Net4, list[Net4]]]:
+def cidr_rules(
+    nets: list[Net4], public_override: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()
+) -> list[tuple[Net4, list[Net4]]]:
     """A short way to write ``nets`` as (cidr, except) pairs: the whole space less holes when
     that is most of it, a special block less its holes, or the networks themselves."""
     nets = sorted(ipaddress.collapse_addresses(nets))
@@ -198,4 +202,3 @@ __all__ = [
     "ICMP_CELL", "WORLD", "Cell", "Plan", "PortSet", "atoms", "cell", "cidr_rules",
     "full_ports", "minus", "normalise", "plan", "rule_ports",
 ]  # fmt: skip
-_ = ALL_PROTOCOLS
