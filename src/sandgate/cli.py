@@ -22,6 +22,10 @@ app = typer.Typer(
 )
 policy_app = typer.Typer(no_args_is_help=True, help="Check and inspect policy files.")
 app.add_typer(policy_app, name="policy")
+export_app = typer.Typer(
+    no_args_is_help=True, help="Write the policy for another engine (Cilium, Kubernetes)."
+)
+app.add_typer(export_app, name="export")
 
 out = Console()
 err = Console(stderr=True)
@@ -669,6 +673,103 @@ def policy_check(
         print(json.dumps({"file": str(path), "ok": True, "profiles": list(pol.file.profiles)}))
     else:
         out.print(f"[green]ok[/green] {path}: profiles {profiles}", highlight=False)
+
+
+def _export(
+    kind: str,
+    policy: str | None,
+    profile: str | None,
+    all_profiles: bool,
+    out_path: Path | None,
+    namespace: str | None,
+    selector: str | None,
+    strict: bool,
+) -> None:
+    import yaml
+
+    from sandgate.export import cilium, k8s
+    from sandgate.export.unexpressed import strict_error
+    from sandgate.policy.load import load_policy
+
+    build = cilium.export_profile if kind == "cilium" else k8s.export_profile
+    try:
+        pol = load_policy(policy)
+        names = sorted(pol.file.profiles) if all_profiles else [profile or pol.default_profile()]
+        if all_profiles and profile:
+            raise SandgateError("--profile and --all-profiles exclude each other", "give one")
+        exports = [
+            (name, build(pol, name, namespace=namespace, selector=selector)) for name in names
+        ]
+    except ValueError as exc:
+        _fail(SandgateError(str(exc), "see --help"))
+        return
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    warnings = [w for _, e in exports for w in e.warnings]
+    for w in warnings:
+        err.print(f"warning: {w}", highlight=False, markup=False, soft_wrap=True)
+    if strict and warnings:
+        _fail(strict_error(warnings))
+    texts = {name: yaml.safe_dump(e.document, sort_keys=False) for name, e in exports}
+    if out_path is None:
+        print("---\n".join(texts.values()), end="")
+    elif all_profiles:
+        out_path.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            (out_path / f"{cilium.resource_name(name)}.yaml").write_text(text, encoding="utf-8")
+        err.print(f"wrote {len(texts)} file(s) to {out_path}/", highlight=False)
+    else:
+        out_path.write_text(next(iter(texts.values())), encoding="utf-8")
+        err.print(f"wrote {out_path}", highlight=False)
+
+
+AllProfilesOpt = Annotated[
+    bool, typer.Option("--all-profiles", help="every profile, one file each")
+]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="file (a directory with --all-profiles); default stdout"),
+]
+NamespaceOpt = Annotated[str | None, typer.Option("--namespace", help="metadata.namespace")]
+SelectorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--selector", help="pods it applies to: key=value[,...] (sandgate.io/profile=NAME)"
+    ),
+]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="fail if any rule cannot be said exactly (see warnings)")
+]
+
+
+@export_app.command("cilium")
+def export_cilium(
+    policy: PolicyOpt = None,
+    profile: ProfileOpt = None,
+    all_profiles: AllProfilesOpt = False,
+    out_path: OutOpt = None,
+    namespace: NamespaceOpt = None,
+    selector: SelectorOpt = None,
+    strict: StrictOpt = False,
+) -> None:
+    """A CiliumNetworkPolicy (cilium.io/v2, Cilium 1.16+) per profile: names via toFQDNs and
+    the DNS proxy; what Cilium cannot say is a warning with its line."""
+    _export("cilium", policy, profile, all_profiles, out_path, namespace, selector, strict)
+
+
+@export_app.command("k8s-networkpolicy")
+def export_k8s(
+    policy: PolicyOpt = None,
+    profile: ProfileOpt = None,
+    all_profiles: AllProfilesOpt = False,
+    out_path: OutOpt = None,
+    namespace: NamespaceOpt = None,
+    selector: SelectorOpt = None,
+    strict: StrictOpt = False,
+) -> None:
+    """A plain Kubernetes NetworkPolicy per profile: CIDRs only, names dropped with a warning."""
+    _export("k8s", policy, profile, all_profiles, out_path, namespace, selector, strict)
 
 
 @app.command()

@@ -10,6 +10,7 @@ from sandgate.cli import app
 COMMANDS = [
     ["run"], ["explain"], ["log"], ["report"], ["suite"], ["watch"], ["prove"],
     ["cleanup"], ["demo"], ["up"], ["down"], ["policy", "check"],
+    ["export", "cilium"], ["export", "k8s-networkpolicy"],
 ]  # fmt: skip
 
 

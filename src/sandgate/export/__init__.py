@@ -1,0 +1,8 @@
+"""Files for other engines from the same policy: Cilium and Kubernetes egress policy.
+
+Every verdict is ``policy/``'s: the address space is laid out by asking ``decide()``
+(export/space.py), and what an engine cannot say is reported (export/unexpressed.py).
+Pure: no sockets, no kernel.
+"""
+
+__all__ = ["cilium", "k8s", "space", "unexpressed"]
