@@ -5,6 +5,7 @@ SQLite store with its hash chain, the OCSF export.
 __all__ = [
     "chain",
     "ocsf",
+    "redact",
     "schema",
     "store",
     "verify",

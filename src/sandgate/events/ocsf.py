@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 import shlex
 from collections import Counter
 from collections.abc import Iterable
 from functools import cache
 from typing import Any, TextIO
 
+from sandgate.events.redact import redact_arg
 from sandgate.events.schema import Event, Kind
 
 OCSF_VERSION = "1.8.0"
@@ -370,25 +370,6 @@ def rcode_id(rcode: int) -> int:
     if 3841 <= rcode <= 4095 or rcode == 65535:
         return 25
     return 24
-
-
-_URL_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def redact_arg(word: str) -> str:
-    """A command-line word fit for a log: in a URL, userinfo becomes ``…@`` and a query
-    ``?…``, a fragment is dropped (the proxy's rule for request targets). Other words pass."""
-    match = _URL_PREFIX.search(word)
-    if match is None:
-        return word
-    start = match.end()
-    slash = word.find("/", start)
-    cut = len(word) if slash == -1 else slash
-    at = word.rfind("@", start, cut)
-    if at != -1:
-        word = word[:start] + "…@" + word[at + 1 :]
-    base, question, _ = word.partition("#")[0].partition("?")
-    return base + "?…" if question else base
 
 
 def _strip_query(path: str) -> str:

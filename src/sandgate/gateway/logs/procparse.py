@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from sandgate.events.redact import redact_argv
 from sandgate.net.sockdiag import PROTOCOLS
 
 # Programs that only set a sandbox up (sandbox/bwrap.py's argv): never the framework.
@@ -167,7 +168,7 @@ class ProcInfo:
         return {
             "pid": self.pid,
             "exe": self.exe,
-            "cmdline": self.cmdline,
+            "cmdline": redact_argv(self.cmdline),  # a URL with a token, -H 'Authorization: …'
             "chain": [[pid, comm] for pid, comm in self.chain],
             "role": self.role,
         }

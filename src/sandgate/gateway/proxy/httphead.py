@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Literal, NoReturn
 
 from sandgate.errors import PeerProtocolError
+from sandgate.events.redact import redact_target
 from sandgate.policy.hostparse import (
     DEFAULT_PORTS,
     Host,
@@ -446,25 +447,6 @@ def judge_request(
         f"request target {_show_target(text)} is none of /path, an absolute URL, "
         "host:port (CONNECT) or * (OPTIONS)"
     )
-
-
-def redact_target(target: str) -> str:
-    """A request target, URL or CONNECT authority fit for logs, terminals and error messages:
-    userinfo (``user:pass@``) becomes ``…@``, a query becomes ``?…``, a fragment is dropped.
-    Everything before the first ``/`` of a URL or authority counts as authority here, whatever
-    a URL parser would say, so no spelling of ``user:pass@`` slips through. Secrets in the
-    path itself are not found."""
-    match = _SCHEME_PREFIX.match(target)
-    start = match.end() if match is not None else 0
-    if match is not None or not target.startswith("/"):
-        slash = target.find("/", start)
-        cut = len(target) if slash == -1 else slash
-        at = target.rfind("@", start, cut)
-        if at != -1:
-            target = target[:start] + "…@" + target[at + 1 :]
-    path = target.partition("#")[0]
-    base, question, _ = path.partition("?")
-    return base + "?…" if question else base
 
 
 @dataclass(frozen=True)
