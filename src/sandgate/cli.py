@@ -859,11 +859,21 @@ def cleanup(
     everything: Annotated[
         bool, typer.Option("--all", help="also what live sandgate processes own")
     ] = False,
+    sessions: Annotated[
+        bool,
+        typer.Option(
+            "--sessions",
+            help="instead: remove kept session files past SANDGATE_KEEP_DAYS / SANDGATE_KEEP_MB",
+        ),
+    ] = False,
 ) -> None:
     """Remove every kernel object and process sandgate left behind after a crash."""
     from sandgate.cleanup import cleanup as do_cleanup
     from sandgate.sandbox.launch import preflight
 
+    if sessions:  # issue 11, part 6: retention
+        _cleanup_sessions()
+        return
     try:
         preflight()
         result = do_cleanup(everything)
@@ -886,6 +896,29 @@ def cleanup(
             out.print(f"removed {label}: {', '.join(str(i) for i in items)}")
     if result.kept:
         out.print(f"left (still in use): {', '.join(result.kept)}")
+
+
+def _cleanup_sessions() -> None:
+    from sandgate.events.store import default_home
+    from sandgate.session import retention
+
+    try:
+        limits = retention.Limits.from_env()
+        result = retention.apply(default_home(), limits)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    days = f"{limits.days:g} days" if limits.days else "no age limit"
+    size = f"{limits.mb:g} MB" if limits.mb else "no size limit"
+    if result.removed:
+        out.print(
+            f"removed {len(result.removed)} session(s), {result.freed / 1048576:.1f} MB "
+            f"({days}, {size}): {', '.join(result.removed)}"
+        )
+    else:
+        out.print(f"no session to remove ({days}, {size})")
+    if result.kept_running:
+        out.print(f"left (still running): {', '.join(result.kept_running)}")
 
 
 @app.command()
@@ -1040,6 +1073,48 @@ def down(
     names = [instance] if instance else ["main", "test"]
     stopped = [name for name in names if stop_up(name)]
     out.print(f"stopped: {', '.join(stopped)}" if stopped else "no gateway was up")
+
+
+# -- reload (issue 11, part 5) -------------------------------------------------------------------
+
+
+@app.command()
+def reload(
+    policy: Annotated[str, typer.Option("--policy", "-p", help="the changed policy file")],
+    instance: Annotated[
+        str | None, typer.Option("--instance", help="which gateway (default: main, then test)")
+    ] = None,
+    make_default: Annotated[
+        bool, typer.Option("--default", help="also make it the default policy of new runs")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Apply a changed policy to running sessions: new rules at once, refused flows cut."""
+    import dataclasses
+
+    from sandgate.gateway.manage import reload as do_reload
+
+    try:
+        r = do_reload(instance, policy, make_default)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if json_out:
+        print(json.dumps(dataclasses.asdict(r)))
+    elif r.guests == 0:
+        out.print(
+            f"{r.policy} is valid; no guest uses it on gateway {r.instance}"
+            + (" (now the default for new runs)" if r.default else "; --default makes it so")
+        )
+    else:
+        out.print(
+            f"reloaded {r.policy} on gateway {r.instance}: {r.guests} guest(s) use it, "
+            f"{r.changed} with new rules, {r.cut} open connection(s) cut"
+            + ("; now the default for new runs" if r.default else "")
+        )
+
+
+# -- end of reload --------------------------------------------------------------------------------
 
 
 def main() -> Any:

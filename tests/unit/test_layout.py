@@ -27,6 +27,7 @@ EXPORTS = {
     "sandgate.gateway": [
         "config", "control", "daemon", "dns", "guests", "integrity", "lifecycle", "logfeed",
         "logs", "manage", "proxy", "registry", "selfcheck", "server", "sink", "watchdog",
+        "reload",
     ],
     "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],
@@ -37,6 +38,7 @@ EXPORTS = {
     "sandgate.net": [
         "compile", "iphead", "iptables", "links", "netlink", "nflog", "nfqueue", "nft", "ns",
         "sockdiag",
+        "conntrack",
     ],
     "sandgate.policy": [
         "classify", "decide", "dnsnames", "exemptions", "hostparse", "load", "locate", "model",
@@ -47,6 +49,7 @@ EXPORTS = {
     "sandgate.sandbox": ["bwrap", "launch", "privilege", "tree", "workspace"],
     "sandgate.session": [
         "claims", "demo", "drift", "evidence", "runner", "stack", "suite", "tasks",
+        "retention",
     ],
     "sandgate.session.claims": [
         "Claim", "ClaimKind", "Evidence", "FileFact", "Finding", "Verdict", "check_claims",

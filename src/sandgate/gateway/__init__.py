@@ -19,6 +19,7 @@ __all__ = [
     "manage",
     "proxy",
     "registry",
+    "reload",
     "selfcheck",
     "server",
     "sink",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import sys
 import threading
 import time
@@ -29,9 +30,10 @@ from sandgate.gateway.logs.prochold import ProcessHold
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
+from sandgate.gateway.reload import denied_flows
 from sandgate.gateway.selfcheck import SelfCheck
 from sandgate.gateway.sink import EventSink
-from sandgate.net import ns
+from sandgate.net import conntrack, ns
 from sandgate.net.compile import (
     GROUP_GUEST,
     TABLE,
@@ -278,18 +280,23 @@ class Lifecycle:
 
     # -- reloads --------------------------------------------------------------------------------
 
-    def reload(self, path: str) -> None:
+    def reload(self, path: str) -> dict[str, Any]:
         """Apply a changed policy file to its guests; raises (keeping the old rules) if invalid,
-        or if it now asks for other wiring than the gateway's."""
+        or if it now asks for other wiring than the gateway's. Each changed guest's rules are
+        swapped in one nftables batch; then its open flows the new profile refuses are cut,
+        one event each. Says how many guests use the file, how many changed, how many flows
+        were cut."""
         policy = load_policy(path)
         self.check_wiring(policy)
-        changed = []
+        using, changed = 0, []
         for guest in self.table:
-            if guest.msg.get("policy") != path:
+            if not _same_file(guest.msg.get("policy"), path):
                 continue
+            using += 1
             profile = self.profile_for(guest.msg, policy, guest.link)
             if profile != guest.profile:
                 changed.append((guest, profile))
+        cut = 0
         for guest, profile in changed:
             before = self.counters(guest)
             cmds, sites = guest_add(guest.link, profile, self.limits)
@@ -299,6 +306,7 @@ class Lifecycle:
             self._retire(guest.profile.name, before)
             guest.profile, guest.sites = profile, sites
             self.sites.update(sites)
+            names = self.resolver.names(guest.dns.profile_key)
             # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
             # holds any more; its next answers pin again.
             self.resolver.forget(guest.dns.profile_key)
@@ -315,7 +323,42 @@ class Lifecycle:
                     details={"policy": "reloaded", "path": path},
                 )
             )
+            cut += self._cut_denied(guest, profile, names)
         self.check.note()
+        return {"guests": using, "changed": len(changed), "cut": cut}
+
+    def _cut_denied(self, guest: Guest, profile: Profile, names: dict[str, set[str]]) -> int:
+        """Established flows outlive a rule swap (``ct state established`` accepts them): cut
+        those the new profile refuses, with an event each."""
+        try:
+            open_flows = conntrack.flows(str(guest.link.guest))
+        except Exception as exc:
+            print(f"sandgate: reading conntrack for {guest.link.ifname}: {exc}", file=sys.stderr)
+            return 0
+        netns = conntrack.netns_path(guest.netns)
+        cut = 0
+        for flow, decision in denied_flows(profile, open_flows, names):
+            try:
+                if not conntrack.cut(flow, netns):
+                    continue  # it ended on its own meanwhile
+            except Exception as exc:
+                print(f"sandgate: cutting {flow}: {exc}", file=sys.stderr)
+                continue
+            cut += 1
+            self.sink.emit(
+                Event.attempt(
+                    Kind.CONN,
+                    decision,
+                    protocol=flow.proto,
+                    port=flow.dport,
+                    session=guest.session,
+                    guest=guest.link.ifname,
+                    src=flow.src,
+                    dst=flow.dst,
+                    details={"reload": True, "sport": flow.sport},
+                )
+            )
+        return cut
 
     # -- leaving --------------------------------------------------------------------------------
 
@@ -536,6 +579,13 @@ def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
         nft.run(batch(*cmds))
     finally:
         nft.close()
+
+
+def _same_file(a: object, b: str) -> bool:
+    """Whether a guest's policy path names the file ``b`` (written relative or through links)."""
+    if not isinstance(a, str):
+        return False
+    return a == b or os.path.realpath(a) == os.path.realpath(b)
 
 
 __all__ = ["Lifecycle"]

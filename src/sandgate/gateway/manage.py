@@ -234,3 +234,43 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    instance: str
+    policy: str  # the absolute path the daemon was given
+    guests: int  # running guests started with this file
+    changed: int  # of them, those whose rules changed
+    cut: int  # open flows the new rules refuse, cut
+    default: bool  # made the default policy of new runs on this gateway
+
+
+def reload(instance: str | None, policy: str | Path, make_default: bool = False) -> ReloadResult:
+    """Validate ``policy``, then have the running gateway (``instance``, else main, then test)
+    apply it to the guests started with it. A broken file raises ``PolicyError`` (its lines)
+    before the daemon is asked, and the daemon keeps the old rules if it disagrees."""
+    from sandgate.policy.load import load_policy
+
+    path = str(Path(policy).resolve())
+    load_policy(path)
+    handle = None
+    for name in [instance] if instance else ["main", "test"]:
+        handle = find(name)
+        if handle is not None:
+            break
+    if handle is None:
+        which = f"'{instance}' " if instance else ""
+        raise GatewayError(f"no gateway {which}is running", "start one with `sandgate up`")
+    with handle.client() as c:
+        answer = c.call("reload", policy=path)
+    if make_default:
+        (run_dir(handle.instance) / "policy").write_text(path)
+    return ReloadResult(
+        handle.instance,
+        path,
+        int(answer.get("guests", 0)),
+        int(answer.get("changed", 0)),
+        int(answer.get("cut", 0)),
+        make_default,
+    )

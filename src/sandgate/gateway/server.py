@@ -302,8 +302,7 @@ class Gateway:
         return self.check.snapshot()
 
     async def _reload(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self.guests_.reload(str(msg["policy"]))
-        return {}
+        return self.guests_.reload(str(msg["policy"]))
 
     async def _fault(self, msg: dict[str, Any]) -> dict[str, Any]:
         inject_fault(str(msg.get("what")), self.table.everyone(), self.resolver, self.proxy)

@@ -4,6 +4,7 @@ queues; the NFLOG, NFQUEUE and sock_diag readers. Imports nothing from ``gateway
 
 __all__ = [
     "compile",
+    "conntrack",
     "iphead",
     "iptables",
     "links",

@@ -7,6 +7,7 @@ __all__ = [
     "demo",
     "drift",
     "evidence",
+    "retention",
     "runner",
     "stack",
     "suite",

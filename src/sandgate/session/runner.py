@@ -206,7 +206,19 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     store.close()
     if opts.notify:
         notify(opts.notify, {"event": "session-end", **report_summary(report)})
+    _retain(opts.store, sid)
     return RunResult(sid, exit_code, report, message)
+
+
+def _retain(store: str | None, sid: str) -> None:
+    """Retention of kept session files (session/retention.py), after each session; a problem
+    is said on stderr and never changes the session's outcome."""
+    from sandgate.session import retention
+
+    try:
+        retention.apply(home_of(store), keep={sid})
+    except (SandgateError, OSError) as exc:
+        sys.stderr.write(f"sandgate: session retention: {exc}\n")
 
 
 def notify(target: str, payload: dict[str, Any]) -> None:
@@ -278,6 +290,10 @@ def session_dir(sid: str, store: str | None = None) -> Path:
 def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int) -> dict[str, Any]:
     world = stack.world
     policy = opts.policy or stack.policy or (str(world.policy) if world is not None else None)
+    if policy is not None:
+        # The daemon's working folder is not ours: an absolute path, so `sandgate reload`
+        # (and the watchdog's policy check) find the file this guest was started with.
+        policy = str(Path(policy).resolve())
     with stack.gateway.client() as ctl:
         guest: dict[str, Any] = ctl.call(
             "add_guest",

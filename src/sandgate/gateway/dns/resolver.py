@@ -174,6 +174,16 @@ class Resolver:
             guest.tcp.close()
             await guest.tcp.wait_closed()
 
+    def names(self, profile_key: str) -> dict[str, set[str]]:
+        """Address -> the names this profile's answers gave it (expired answers too: a
+        connection outlives its answer's TTL). A reload judges open flows by them."""
+        out: dict[str, set[str]] = {}
+        for (key, _), entry in self._cache.items():
+            if key == profile_key:
+                for address in entry.addresses:
+                    out.setdefault(address, set()).add(entry.name)
+        return out
+
     def forget(self, profile_key: str) -> None:
         for key in [k for k in self._cache if k[0] == profile_key]:
             del self._cache[key]

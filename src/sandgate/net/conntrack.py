@@ -1,0 +1,121 @@
+"""The connections the kernel tracks, read and cut: ctnetlink (pyroute2's ``NFCTSocket``).
+
+A policy reload swaps a guest's rules, but ``ct state established`` in the forward chain still
+accepts every flow the old rules let in. ``flows`` lists the flows a guest opened through the
+gateway; ``cut`` ends one: the guest's socket is destroyed in its own namespace (``SOCK_DESTROY``,
+the kernel then sends the peer a reset and the guest's program gets ECONNABORTED), then the
+conntrack entry is deleted, so the next packet of the flow meets the new rules, which refuse it.
+A guest whose namespace the gateway cannot enter (a VM behind a gateway VM) loses only the entry.
+
+Call both from the gateway's namespace (the daemon's own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from sandgate.net.netlink import NLM_F_ACK, NLMSG_ERROR, nl_error_code, nl_messages, run_in_netns
+from sandgate.net.sockdiag import open_socket, pack_diag_request
+
+SOCK_DESTROY = 21
+_PROTOCOLS = {socket.IPPROTO_TCP: "tcp", socket.IPPROTO_UDP: "udp"}
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One tracked flow as the guest sent it (the original direction)."""
+
+    proto: str  # "tcp" | "udp"
+    src: str
+    sport: int
+    dst: str
+    dport: int
+
+
+def flows(source: str) -> list[Flow]:
+    """The TCP and UDP flows from ``source`` that the gateway forwards to their destination
+    unchanged. Flows redirected to the gateway itself (its resolver, its proxy: the reply comes
+    from another address or port) are left out: those are judged there, request by request."""
+    from pyroute2 import NFCTSocket
+
+    found: list[Flow] = []
+    with NFCTSocket() as ct:
+        for msg in ct.dump():
+            flow = _flow_of(msg)
+            if flow is not None and flow.src == source:
+                found.append(flow)
+    return found
+
+
+def _flow_of(msg: Any) -> Flow | None:
+    orig, reply = msg.get_attr("CTA_TUPLE_ORIG"), msg.get_attr("CTA_TUPLE_REPLY")
+    if orig is None or reply is None:
+        return None
+    o_ip, o_pr = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
+    r_ip, r_pr = reply.get_attr("CTA_TUPLE_IP"), reply.get_attr("CTA_TUPLE_PROTO")
+    if None in (o_ip, o_pr, r_ip, r_pr):
+        return None
+    proto = _PROTOCOLS.get(o_pr.get_attr("CTA_PROTO_NUM"))
+    if proto is None:
+        return None
+    dst, dport = o_ip.get_attr("CTA_IP_V4_DST"), o_pr.get_attr("CTA_PROTO_DST_PORT")
+    if (r_ip.get_attr("CTA_IP_V4_SRC"), r_pr.get_attr("CTA_PROTO_SRC_PORT")) != (dst, dport):
+        return None  # DNAT'd to the gateway's own resolver or proxy
+    return Flow(
+        proto, o_ip.get_attr("CTA_IP_V4_SRC"), o_pr.get_attr("CTA_PROTO_SRC_PORT"), dst, dport
+    )
+
+
+def cut(flow: Flow, guest_netns: str | None) -> bool:
+    """End ``flow``: reset its guest socket (TCP, when ``guest_netns`` is a namespace path we can
+    enter), then forget its conntrack entry. True if the entry was there."""
+    if flow.proto == "tcp" and guest_netns is not None:
+        with contextlib.suppress(OSError):
+            run_in_netns(guest_netns, lambda: _destroy(flow))
+    from pyroute2 import NFCTSocket
+    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
+    number = {v: k for k, v in _PROTOCOLS.items()}[flow.proto]
+    tup = NFCTAttrTuple(
+        saddr=flow.src, daddr=flow.dst, proto=number, sport=flow.sport, dport=flow.dport
+    )
+    with NFCTSocket() as ct:
+        try:
+            ct.entry("del", tuple_orig=tup)
+        except NetlinkError as exc:
+            if exc.code == errno.ENOENT:
+                return False
+            raise
+    return True
+
+
+def _destroy(flow: Flow) -> int:
+    """``SOCK_DESTROY`` the guest's socket of ``flow`` (in the current namespace); 0 or -errno."""
+    request = bytearray(pack_diag_request(flow.proto, flow.src, flow.sport, flow.dst, flow.dport))
+    _len, _type, flags, seq, pid = struct.unpack_from("=IHHII", request)
+    struct.pack_into("=IHHII", request, 0, _len, SOCK_DESTROY, flags | NLM_F_ACK, seq, pid)
+    sock = open_socket()
+    try:
+        sock.send(bytes(request))
+        buf = sock.recv(8192)
+    finally:
+        sock.close()
+    for mtype, _flags, _seq, start, end in nl_messages(buf):
+        if mtype == NLMSG_ERROR:
+            return nl_error_code(buf, start, end)
+    return -errno.EIO
+
+
+def netns_path(name: str) -> str | None:
+    """The namespace path of a local guest, or None when it is not on this machine."""
+    from sandgate.net import ns
+
+    path = ns.path(name)
+    return path if os.path.exists(path) else None
