@@ -331,7 +331,8 @@ class Lifecycle:
         """Established flows outlive a rule swap (``ct state established`` accepts them): cut
         those the new profile refuses, with an event each."""
         try:
-            open_flows = conntrack.flows(str(guest.link.guest))
+            # pyroute2's sync sockets run an event loop of their own: not on this one's thread.
+            open_flows = self.netlink.submit(conntrack.flows, str(guest.link.guest)).result()
         except Exception as exc:
             print(f"sandgate: reading conntrack for {guest.link.ifname}: {exc}", file=sys.stderr)
             return 0
@@ -339,7 +340,7 @@ class Lifecycle:
         cut = 0
         for flow, decision in denied_flows(profile, open_flows, names):
             try:
-                if not conntrack.cut(flow, netns):
+                if not self.netlink.submit(conntrack.cut, flow, netns).result():
                     continue  # it ended on its own meanwhile
             except Exception as exc:
                 print(f"sandgate: cutting {flow}: {exc}", file=sys.stderr)
