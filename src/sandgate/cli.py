@@ -922,6 +922,7 @@ def cleanup(
         ("links", result.links),
         ("nftables tables", result.tables),
         ("session mounts", result.mounts),
+        ("cgroups", result.cgroups),
     ):
         if items:
             out.print(f"removed {label}: {', '.join(str(i) for i in items)}")

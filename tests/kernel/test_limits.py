@@ -65,9 +65,8 @@ def test_pids_200_caps_near_200(sandbox: Runner) -> None:
 
 
 def test_memory_256m_kills_a_2g_allocation(sandbox: Runner) -> None:
-    result = sandbox(
-        "python3", "-c", "b = bytearray(2 << 30); print('survived')", limits=Limits(memory=256 * MiB)
-    )
+    hog = "b = bytearray(2 << 30); print('survived')"
+    result = sandbox("python3", "-c", hog, limits=Limits(memory=256 * MiB))
     assert result.exit_code == 137
     hit = [h for h in result.report.limit_hits if h["reason"] == "limit.memory"]
     assert hit and 200 * MiB <= hit[0]["peak"] <= 260 * MiB

@@ -236,6 +236,7 @@ def _apply(cg: Cgroup) -> None:
                 cg.notes.append("swap: memory.swap.max absent (no swap accounting)")
         else:
             _write(mem / "memory.limit_in_bytes", lim.memory)
+            _write(mem / "memory.soft_limit_in_bytes", 0)  # reclaimed before the gateway
             if (mem / "memory.memsw.limit_in_bytes").exists():
                 # memsw counts RAM and swap together: equal to the RAM limit means no swap.
                 _write(mem / "memory.memsw.limit_in_bytes", lim.memory)
@@ -285,9 +286,9 @@ def protect_gateway(instance: str, pid: int, hierarchy: Hierarchy | None = None)
         if h.version == 2:
             _write(mem / "memory.min", GATEWAY_RESERVE)
         else:
-            # v1 has no guaranteed minimum: a soft limit is what reclaim honours last.
-            _write(mem / "memory.soft_limit_in_bytes", GATEWAY_RESERVE)
-            notes.append("cgroup v1: memory reserve is a soft limit (no memory.min)")
+            # v1 has no memory.min. Global reclaim takes first from groups over their soft
+            # limit: the gateway keeps none (unlimited) and every sandbox's is 0 (_apply).
+            notes.append("cgroup v1: no memory.min; sandboxes are reclaimed first (soft limit 0)")
         for d in cg.dirs:
             _write(d / "cgroup.procs", pid)
     except OSError as exc:
@@ -309,6 +310,11 @@ def ours(hierarchy: Hierarchy | None = None) -> list[str]:
         with contextlib.suppress(OSError):
             names.update(p.name for p in base.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
     return sorted(names)
+
+
+def populated(name: str, hierarchy: Hierarchy | None = None) -> bool:
+    h = hierarchy or detect()
+    return any(_procs(base / name) for base in set(h.dirs.values()))
 
 
 def remove(name: str, hierarchy: Hierarchy | None = None) -> None:
