@@ -26,6 +26,9 @@ def sandgate_objects() -> set[str]:
             found.add(f"link {name}")
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=False)
     found |= {f"table {t}" for t in tables.stdout.splitlines() if " sandgate" in t or " sg-" in t}
+    from sandgate.sandbox import limits
+
+    found |= {f"cgroup {name}" for name in limits.ours()}
     return found
 
 

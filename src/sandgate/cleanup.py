@@ -2,10 +2,10 @@
 
 Kernel objects: network namespaces named ``sg-…``, links named ``sg-…`` in the host namespace,
 nftables tables named ``sandgate…`` in the host namespace, session disks (tmpfs mounts whose
-source is ``sandgate``) under the sessions folder. Processes: gateway daemons and
-test-world servers, found by the pid files sandgate wrote and killed by pid only after their
-command line confirms they are ours. Objects still owned by a live sandgate process are left
-alone unless ``everything`` is asked for.
+source is ``sandgate``) under the sessions folder, cgroups named ``sandgate-…``. Processes:
+gateway daemons and test-world servers, found by the pid files sandgate wrote and killed by pid
+only after their command line confirms they are ours. Objects still owned by a live sandgate
+process are left alone unless ``everything`` is asked for.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sandgate.gateway.config import RUN_ROOT
 from sandgate.net import ns
 from sandgate.pids import alive, is_ours, kill
+from sandgate.sandbox import limits
 from sandgate.sandbox.workspace import SESSIONS_ROOT, our_mounts, unmount
 
 OWNERS = RUN_ROOT / "owners"
@@ -31,11 +32,19 @@ class CleanupResult:
     links: list[str] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
 
     @property
     def nothing(self) -> bool:
-        return not (self.processes or self.namespaces or self.links or self.tables or self.mounts)
+        return not (
+            self.processes
+            or self.namespaces
+            or self.links
+            or self.tables
+            or self.mounts
+            or self.cgroups
+        )
 
 
 def own(name: str, pid: int | None = None) -> None:
@@ -93,6 +102,7 @@ def cleanup(everything: bool = False) -> CleanupResult:
     _host_links(result, everything)
     _host_tables(result, everything)
     _session_mounts(result, everything)
+    _cgroups(result, everything)
     if everything or not result.kept:
         with contextlib.suppress(FileNotFoundError):
             for entry in OWNERS.iterdir():
@@ -112,6 +122,27 @@ def _session_mounts(result: CleanupResult, everything: bool) -> None:
         shutil.rmtree(mountpoint, ignore_errors=True)
         disown(owner)
         result.mounts.append(str(mountpoint))
+
+
+def _cgroups(result: CleanupResult, everything: bool) -> None:
+    """sandgate-<session> cgroups of dead sessions, sandgate-gw-<instance> of dead gateways."""
+    for name in limits.ours():
+        if name.startswith(limits.GATEWAY_PREFIX):
+            # A gateway's: kept while its daemon runs in it.
+            instance = name.removeprefix(limits.GATEWAY_PREFIX)
+            live = owned(f"instance-{instance}") or limits.populated(name)
+        else:
+            live = owned(name)
+        if live and not everything:
+            result.kept.append(f"cgroup {name}")
+            continue
+        try:
+            limits.remove(name)
+        except OSError as exc:
+            result.kept.append(f"cgroup {name} ({exc.strerror})")
+            continue
+        disown(name)
+        result.cgroups.append(name)
 
 
 def _instance_owned(name: str) -> bool:

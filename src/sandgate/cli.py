@@ -131,6 +131,39 @@ def _mode(value: str | None) -> str | None:
     return value
 
 
+# --- per-session resource limits (sandbox/limits.py) ---
+PidsOpt = Annotated[
+    str | None, typer.Option("--pids", help="max processes+threads per session (default 1024)")
+]
+MemoryOpt = Annotated[
+    str | None,
+    typer.Option("--memory", help="RAM per session, swap off, e.g. 256M, 2G (default: half)"),
+]
+CpusOpt = Annotated[
+    str | None, typer.Option("--cpus", help="CPU time per session in cores, e.g. 1.5")
+]
+
+
+def _limits(pids: str | None, memory: str | None, cpus: str | None) -> Any:
+    from sandgate.policy.limits import LimitError, Limits, parse_cpus, parse_pids, parse_size
+
+    parsers = (
+        ("--pids", pids, parse_pids),
+        ("--memory", memory, parse_size),
+        ("--cpus", cpus, parse_cpus),
+    )
+    values: list[Any] = []
+    for flag, text, parse in parsers:
+        try:
+            values.append(None if text is None else parse(text))
+        except LimitError as exc:
+            raise typer.BadParameter(str(exc), param_hint=flag) from None
+    return Limits(*values)
+
+
+# --- end limits ---
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
     command: Annotated[list[str], typer.Argument(help="the command to run in the sandbox")],
@@ -185,6 +218,9 @@ def run(
         typer.Option("--keep-writes", help="write the home's changes back to --home-template"),
     ] = False,
     notify: NotifyOpt = None,
+    pids: PidsOpt = None,
+    memory: MemoryOpt = None,
+    cpus: CpusOpt = None,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
     from sandgate.report.render import print_report
@@ -230,6 +266,7 @@ def run(
         ),
         capture=not sys.stdin.isatty(),
         notify=notify,
+        limits=_limits(pids, memory, cpus),
     )
     try:
         result = run_session(opts)
@@ -473,6 +510,9 @@ def suite(
     ] = False,
     notify: NotifyOpt = None,
     html_out: HtmlOpt = None,
+    pids: PidsOpt = None,
+    memory: MemoryOpt = None,
+    cpus: CpusOpt = None,
 ) -> None:
     """Run every task of a task file in each mode, each in a fresh session; a results table."""
     from sandgate.agents.registry import resolve
@@ -503,6 +543,7 @@ def suite(
             echo=verbose,
             notify=notify,
             on_row=on_row,
+            limits=_limits(pids, memory, cpus),
         )
         result = run_suite(opts)
     except SandgateError as exc:
@@ -891,6 +932,7 @@ def cleanup(
         ("links", result.links),
         ("nftables tables", result.tables),
         ("session mounts", result.mounts),
+        ("cgroups", result.cgroups),
     ):
         if items:
             out.print(f"removed {label}: {', '.join(str(i) for i in items)}")

@@ -41,12 +41,12 @@ EXPORTS = {
         "conntrack",
     ],
     "sandgate.policy": [
-        "classify", "decide", "dnsnames", "exemptions", "hostparse", "load", "locate", "model",
-        "patterns", "pins", "profile", "requests",
+        "classify", "decide", "dnsnames", "exemptions", "hostparse", "limits", "load", "locate",
+        "model", "patterns", "pins", "profile", "requests",
     ],
     "sandgate.prove": ["catalogue", "driver", "invariants", "runner"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],
-    "sandgate.sandbox": ["bwrap", "launch", "privilege", "tree", "workspace"],
+    "sandgate.sandbox": ["bwrap", "launch", "limits", "privilege", "tree", "workspace"],
     "sandgate.session": [
         "claims", "demo", "drift", "evidence", "runner", "stack", "suite", "tasks",
         "retention",

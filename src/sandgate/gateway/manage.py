@@ -17,6 +17,7 @@ from sandgate import pids
 from sandgate.errors import GatewayError, SetupError
 from sandgate.gateway.config import GatewayConfig, netns_of, pid_path, run_dir
 from sandgate.gateway.control import ControlClient
+from sandgate.sandbox import limits
 
 READY_TIMEOUT = 20.0
 DAEMON = "sandgate.gateway.daemon"  # the module the daemon runs as; its pid check looks for it
@@ -84,6 +85,10 @@ def start(cfg: GatewayConfig, env: dict[str, str] | None = None) -> GatewayHandl
             f"see {log_path}",
         )
     handle = GatewayHandle(cfg.instance, proc.pid, cfg.control_path, proc)
+    # A guest must not starve the gateway: its own cgroup, reserved memory, OOM score -900.
+    for note in limits.protect_gateway(cfg.instance, proc.pid):
+        with open(log_path, "a") as f:
+            f.write(f"sandgate: gateway protection: {note}\n")
     if cfg.uplink.kind == "pasta":
         try:
             handle.pasta = start_pasta(handle.pid, cfg.uplink.ifname, log_path)
@@ -205,6 +210,8 @@ def stop(handle: GatewayHandle, timeout: float = 10.0) -> None:
             if _wait_gone(handle, 3.0):
                 return
     finally:
+        with contextlib.suppress(OSError):
+            limits.release_gateway(handle.instance)
         if handle.pasta is not None and handle.pasta.poll() is None:
             handle.pasta.terminate()
             try:

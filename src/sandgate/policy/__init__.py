@@ -8,6 +8,7 @@ __all__ = [
     "dnsnames",
     "exemptions",
     "hostparse",
+    "limits",
     "load",
     "locate",
     "model",

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
+from sandgate.policy.limits import LimitsSpec
 from sandgate.policy.patterns import DomainPattern, PatternError, parse_pattern
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -298,6 +299,7 @@ class ProfileSpec(_Strict):
     inspect: list[str] = Field(default_factory=list)
     secret: list[SecretSpec] = Field(default_factory=list)
     front: list[FrontSpec] = Field(default_factory=list)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)  # per-session pids/memory/cpus
 
     @field_validator("inspect")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -80,6 +81,10 @@ def session_tables(r: SessionReport, title: str | None = None) -> Group:
         parts.append(Text("totals  " + totals))
     if r.uids:
         parts.append(Text("uids  " + ", ".join(str(u) for u in r.uids)))
+    if r.limits:
+        parts.append(Text("limits  " + limits_line(r.limits, r.usage)))
+    for hit in r.limit_hits:
+        parts.append(Text(str(hit.get("text", hit.get("reason"))), style="red"))
     parts += findings(r)
     return Group(*parts)  # type: ignore[arg-type]
 
@@ -178,6 +183,25 @@ def _drift(drift: dict[str, object]) -> list[object]:
         table.add_row(Text(item["what"]), item["change"], Text("\n".join(lines[:6])))
     out.append(table)
     return out
+
+
+def limits_line(limits: dict[str, Any], usage: dict[str, Any]) -> str:
+    """The limits in effect and the peaks, e.g. "pids 1024 (peak 3), memory 12G (peak 4M)"."""
+    from sandgate.policy.limits import format_size
+
+    parts = []
+    if limits.get("pids") is not None:
+        parts.append(f"pids {limits['pids']} (peak {usage.get('pids_peak', '?')})")
+    if limits.get("memory") is not None:
+        peak = usage.get("memory_peak")
+        parts.append(
+            f"memory {format_size(int(limits['memory']))}, swap off"
+            f" (peak {format_size(int(peak)) if peak else '?'})"
+        )
+    cpus = limits.get("cpus")
+    parts.append(f"cpus {cpus:g}" if cpus is not None else "cpus unlimited")
+    parts += [str(n) for n in limits.get("notes", [])]
+    return ", ".join(parts)
 
 
 def print_report(

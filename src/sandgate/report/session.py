@@ -90,6 +90,10 @@ class SessionReport:
     attribution: dict[str, Any] = field(default_factory=dict)
     answer: str | None = None
     output: str | None = None
+    # Resource limits in effect (sandbox/limits.py), what the session used, the limits it hit.
+    limits: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+    limit_hits: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def flagged_claims(self) -> list[dict[str, Any]]:
@@ -239,4 +243,7 @@ def build_report(
         attribution=attribution(events),
         answer=details.get("answer"),
         output=details.get("output"),
+        limits=details.get("limits", {}),
+        usage=details.get("usage", {}),
+        limit_hits=details.get("limit_hits", []),
     )

@@ -4,6 +4,7 @@
 __all__ = [
     "bwrap",
     "launch",
+    "limits",
     "privilege",
     "tree",
     "workspace",

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,18 +198,21 @@ class Sandbox:
         stop: threading.Event | None = None,
         capture: Path | None = None,
         echo: bool = True,
+        prefix: Sequence[str] = (),
     ) -> int:
         """Run the sandboxed command. Returns its exit status (124 when it ran out of time, 143
-        when ``stop`` was set). With ``capture`` its output also goes to that file (bounded)."""
+        when ``stop`` was set). With ``capture`` its output also goes to that file (bounded).
+        ``prefix`` runs first and execs the rest (limits.py: joining the session's cgroup)."""
         found = bwrap.find_command(spec.command[0]) if spec.command else None
         if found is None:
             raise CommandNotFound(spec.command[0] if spec.command else "")
         pump: threading.Thread | None = None
+        argv = [*prefix, *bwrap.argv(spec)]
         if capture is None:
-            self.proc = subprocess.Popen(bwrap.argv(spec), start_new_session=True)
+            self.proc = subprocess.Popen(argv, start_new_session=True)
         else:
             self.proc = subprocess.Popen(
-                bwrap.argv(spec),
+                argv,
                 start_new_session=True,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

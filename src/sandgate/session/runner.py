@@ -23,11 +23,13 @@ from typing import Any
 
 from sandgate import cleanup
 from sandgate.errors import SandgateError
+from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store, home_of
 from sandgate.gateway.integrity import alarm
+from sandgate.policy.limits import Limits, format_size
 from sandgate.policy.load import load_policy
 from sandgate.report.session import SessionReport, build_report
-from sandgate.sandbox import bwrap, privilege
+from sandgate.sandbox import bwrap, limits, privilege
 from sandgate.sandbox.launch import (
     CommandNotFound,
     Sandbox,
@@ -73,6 +75,8 @@ class RunOptions:
     # its remainder and what follows). Default: "ANSWER:" lines, else the output's tail.
     answer_after: str | None = None
     details: dict[str, Any] = field(default_factory=dict)  # recorded with the session
+    # --pids/--memory/--cpus; unset ones come from the profile's [limits], then the defaults.
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass
@@ -127,6 +131,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     findings: dict[str, Any] = {}
     box: Sandbox | None = None
     guest: dict[str, Any] | None = None
+    cgroup: limits.Cgroup | None = None
+    usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
     try:
@@ -134,6 +140,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         cleanup.own(box.netns)
         guest = _add_guest(stack, box, sid, opts, uid)
         spec = _spec(stack, box, guest, opts, uid)
+        cgroup = _cgroup(stack, sid, guest, opts)
+        start_details["limits"] = cgroup.as_json()
         before, _ = _snapshot(stack, box)
         store.session_start(
             sid,
@@ -154,6 +162,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                 opts.stop,
                 capture=keep / "output.log" if opts.capture else None,
                 echo=opts.echo,
+                prefix=cgroup.prefix_argv(),
             )
             if exit_code == 124 and opts.timeout:
                 message = f"timed out after {opts.timeout:g} s; the sandbox was killed"
@@ -171,6 +180,10 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         try:
             if box is not None:
                 box.kill()
+            if cgroup is not None:
+                usage = cgroup.usage()
+                cgroup.remove()  # kills what is left of the sandbox's processes, then rmdir
+                cleanup.disown(cgroup.name)
             quiet_since = time.time()  # nothing of the guest's runs any more
             if guest is not None and box is not None:
                 try:
@@ -190,7 +203,17 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         store.close()
         raise SandgateError(message or "the sandbox could not be started")
     facts = findings.pop(FILE_FACTS, None)
+    hits: list[dict[str, Any]] = []
+    if cgroup is not None and usage is not None:
+        hits = _limit_events(store, sid, guest["guest"], cgroup, usage)
+        if hits and not message:
+            message = "; ".join(h["text"] for h in hits)
     end = {**findings, "counters": counters, **({"message": message} if message else {})}
+    if cgroup is not None:
+        end["limits"] = cgroup.as_json()
+        end["limit_hits"] = hits
+        if usage is not None:
+            end["usage"] = {"pids_peak": usage.pids_peak, "memory_peak": usage.memory_peak}
     if box is not None and box.output is not None:
         end["output"] = str(box.output)
         end["answer"] = answer = final_answer(_read_output(box.output), opts.answer_after)
@@ -287,13 +310,80 @@ def session_dir(sid: str, store: str | None = None) -> Path:
     return home_of(store) / "sessions" / sid
 
 
-def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int) -> dict[str, Any]:
+def _policy_of(stack: Stack, opts: RunOptions) -> str | None:
     world = stack.world
     policy = opts.policy or stack.policy or (str(world.policy) if world is not None else None)
-    if policy is not None:
-        # The daemon's working folder is not ours: an absolute path, so `sandgate reload`
-        # (and the watchdog's policy check) find the file this guest was started with.
-        policy = str(Path(policy).resolve())
+    # The daemon's working folder is not ours: an absolute path, so `sandgate reload` (and
+    # the watchdog's policy check) find the file this guest was started with.
+    return str(Path(policy).resolve()) if policy is not None else None
+
+
+def _cgroup(stack: Stack, sid: str, guest: dict[str, Any], opts: RunOptions) -> limits.Cgroup:
+    """The session's cgroup: the run's limits over the profile's, over the defaults."""
+    profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
+    wanted = opts.limits.over(profile.limits.limits() if profile else Limits())
+    name = limits.PREFIX + sid
+    cleanup.own(name)  # before it exists: a crash in between leaves it to `sandgate cleanup`
+    try:
+        cg = limits.create(name, wanted.with_defaults(limits.host_memory()))
+    except BaseException:
+        cleanup.disown(name)
+        raise
+    cg.start_sampling()
+    return cg
+
+
+def _limit_events(
+    store: Store, sid: str, guest: str, cg: limits.Cgroup, usage: limits.Usage
+) -> list[dict[str, Any]]:
+    """One notice per limit the session hit (``limit.pids``, ``limit.memory``), with the peak."""
+    hits: list[dict[str, Any]] = []
+    lim = cg.limits
+    if usage.pids_hits:
+        hits.append(
+            {
+                "reason": limits.REASON_PIDS,
+                "limit": lim.pids,
+                "peak": usage.pids_peak,
+                "refused": usage.pids_hits,
+                "text": f"pids limit hit: {usage.pids_hits} fork(s) refused at {lim.pids} "
+                f"processes (peak {usage.pids_peak})",
+            }
+        )
+    if usage.oom_kills:
+        assert lim.memory is not None
+        text = (
+            f"memory limit hit: {usage.oom_kills} process(es) killed by the kernel at "
+            f"{format_size(lim.memory)} (peak {format_size(usage.memory_peak)}); "
+            "a killed process exits 137 (SIGKILL)"
+        )
+        if lim.memory < limits.TOO_SMALL:
+            text += f"; --memory {format_size(lim.memory)} is too little for the command to start"
+        hits.append(
+            {
+                "reason": limits.REASON_MEMORY,
+                "limit": lim.memory,
+                "peak": usage.memory_peak,
+                "oom_kills": usage.oom_kills,
+                "text": text,
+            }
+        )
+    if hits:
+        store.add(
+            Event(
+                kind=Kind.NOTICE,
+                session=sid,
+                guest=guest,
+                reason=h["reason"],
+                details={k: v for k, v in h.items() if k != "reason"},
+            )
+            for h in hits
+        )
+    return hits
+
+
+def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int) -> dict[str, Any]:
+    policy = _policy_of(stack, opts)
     with stack.gateway.client() as ctl:
         guest: dict[str, Any] = ctl.call(
             "add_guest",

@@ -24,6 +24,7 @@ from typing import Any
 from sandgate.agents.registry import PROMPT_FILE, AgentSpec, task_marker
 from sandgate.errors import SandgateError
 from sandgate.events.store import home_of
+from sandgate.policy.limits import Limits
 from sandgate.report.session import SessionReport
 from sandgate.sandbox.launch import preflight
 from sandgate.sandbox.workspace import WorkspaceSpec
@@ -50,6 +51,7 @@ class SuiteOptions:
     echo: bool = False  # show the agent's output as it runs
     notify: str | None = None
     on_row: Callable[[Row], None] | None = None  # called as each session ends
+    limits: Limits = field(default_factory=Limits)  # --pids/--memory/--cpus for each session
 
 
 @dataclass
@@ -174,6 +176,7 @@ def run_task(
         echo=opts.echo,
         answer_after=agent.answer_after,
         details={"suite": run_id, "task": task.id, "agent": agent.name, **extra},
+        limits=opts.limits,
     )
     started = time.monotonic()
     run = run_in(stack, run_opts)
