@@ -67,7 +67,7 @@ case "${1:-}" in
             apt-get install -y -qq --no-install-recommends "${browser[@]}" >/dev/null
         fi
         cd "$here"
-        "$venv/bin/ruff" check src tests bench
+        "$venv/bin/ruff" check src tests bench fuzz
         "$venv/bin/mypy"
         exec "$venv/bin/pytest" -q "$@"
         ;;
