@@ -473,6 +473,9 @@ def suite(
     ] = False,
     notify: NotifyOpt = None,
     html_out: HtmlOpt = None,
+    parallel: Annotated[
+        int, typer.Option("--parallel", "-j", min=1, help="sessions at once on the one gateway")
+    ] = 1,
 ) -> None:
     """Run every task of a task file in each mode, each in a fresh session; a results table."""
     from sandgate.agents.registry import resolve
@@ -503,6 +506,7 @@ def suite(
             echo=verbose,
             notify=notify,
             on_row=on_row,
+            parallel=parallel,
         )
         result = run_suite(opts)
     except SandgateError as exc:
