@@ -1,4 +1,4 @@
-"""``python -m bench foundation|proxy [--json] [--quick] [--only PART ...]`` (``bench/run``)."""
+"""``python -m bench foundation|proxy|scale [--json] [--quick] [--only PART ...]`` (bench/run)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _clean(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__)
-    parser.add_argument("suite", choices=["foundation", "proxy"])
+    parser.add_argument("suite", choices=["foundation", "proxy", "scale"])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--quick",
@@ -39,11 +39,22 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(PARTS),
         help="foundation: run only this part (repeatable)",
     )
+    parser.add_argument(
+        "--sessions", type=int, help="scale: soak sessions (default 1000, --quick 50)"
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.stderr.write("bench/run needs root (namespaces, links, nftables)\n")
         return 2
-    if args.suite == "proxy":
+    if args.suite == "scale":
+        from bench import scale
+
+        if args.only:
+            parser.error("--only is for the foundation suite")
+        with signals_raise():
+            result = scale.main_scale(args.quick, args.sessions)
+        text = scale.render(result)
+    elif args.suite == "proxy":
         from bench import proxy
 
         if args.only:
