@@ -235,8 +235,7 @@ def big_policy(path: Path, domains: int, cidrs: int) -> None:
 
 def part_rules(bs: BenchStack, quick: bool, n: int = 100_000) -> dict[str, Any]:
     from sandgate.explain import explain
-    from sandgate.net.compile import base_ruleset, guest_add
-    from sandgate.net.links import GuestLink
+    from sandgate.net.compile import GuestLink, base_ruleset, guest_add
     from sandgate.net.nft import batch
     from sandgate.policy.load import load_policy
     from sandgate.policy.model import Protocol
