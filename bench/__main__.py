@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=sorted(PARTS),
-        help="foundation: run only this part (repeatable)",
+        choices=sorted(set(PARTS) | {"guests", "rules", "soak"}),
+        help="run only this part (repeatable): foundation's, or scale's guests|rules|soak",
     )
     parser.add_argument(
         "--sessions", type=int, help="scale: soak sessions (default 1000, --quick 50)"
@@ -49,10 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite == "scale":
         from bench import scale
 
-        if args.only:
-            parser.error("--only is for the foundation suite")
+        wrong = set(args.only or ()) - set(scale.PARTS)
+        if wrong:
+            parser.error(f"scale's parts are {', '.join(scale.PARTS)}, not {', '.join(wrong)}")
         with signals_raise():
-            result = scale.main_scale(args.quick, args.sessions)
+            result = scale.main_scale(args.quick, args.sessions, tuple(args.only or scale.PARTS))
         text = scale.render(result)
     elif args.suite == "proxy":
         from bench import proxy
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             result = proxy.main_proxy(args.quick)
         text = proxy.render(result)
     else:
+        wrong = set(args.only or ()) - set(PARTS)
+        if wrong:
+            parser.error(f"foundation's parts are {', '.join(PARTS)}, not {', '.join(wrong)}")
         parts = [p for p in PARTS if not args.only or p in args.only]
         with signals_raise():
             result = main_foundation(parts, args.quick)
