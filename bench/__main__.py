@@ -1,4 +1,4 @@
-"""``python -m bench foundation|proxy [--json] [--quick] [--only PART ...]`` (``bench/run``)."""
+"""``python -m bench foundation|proxy|scale [--json] [--quick] [--only PART ...]`` (bench/run)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _clean(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__)
-    parser.add_argument("suite", choices=["foundation", "proxy"])
+    parser.add_argument("suite", choices=["foundation", "proxy", "scale"])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--quick",
@@ -36,14 +36,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=sorted(PARTS),
-        help="foundation: run only this part (repeatable)",
+        choices=sorted(set(PARTS) | {"guests", "rules", "soak"}),
+        help="run only this part (repeatable): foundation's, or scale's guests|rules|soak",
+    )
+    parser.add_argument(
+        "--sessions", type=int, help="scale: soak sessions (default 1000, --quick 50)"
     )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.stderr.write("bench/run needs root (namespaces, links, nftables)\n")
         return 2
-    if args.suite == "proxy":
+    if args.suite == "scale":
+        from bench import scale
+
+        wrong = set(args.only or ()) - set(scale.PARTS)
+        if wrong:
+            parser.error(f"scale's parts are {', '.join(scale.PARTS)}, not {', '.join(wrong)}")
+        with signals_raise():
+            result = scale.main_scale(args.quick, args.sessions, tuple(args.only or scale.PARTS))
+        text = scale.render(result)
+    elif args.suite == "proxy":
         from bench import proxy
 
         if args.only:
@@ -52,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             result = proxy.main_proxy(args.quick)
         text = proxy.render(result)
     else:
+        wrong = set(args.only or ()) - set(PARTS)
+        if wrong:
+            parser.error(f"foundation's parts are {', '.join(PARTS)}, not {', '.join(wrong)}")
         parts = [p for p in PARTS if not args.only or p in args.only]
         with signals_raise():
             result = main_foundation(parts, args.quick)
