@@ -600,13 +600,10 @@ def watch(
     from sandgate.gateway import manage
     from sandgate.report.render import event_line
 
-    handle = None
-    for name in [instance] if instance else ["main", "test"]:
-        handle = manage.find(name)
-        if handle is not None:
-            break
-    if handle is None:
-        _fail(SandgateError("no gateway is running", "start one with `sandgate up`"))
+    try:
+        handle = manage.running(instance)
+    except SandgateError as exc:
+        _fail(exc)
         return
     try:
         with handle.client() as client:
@@ -651,14 +648,10 @@ def dashboard(
     from sandgate.gateway.config import GatewayConfig, run_dir
     from sandgate.report import dashboard as dash
 
-    handle = None
-    for name in [instance] if instance else ["main", "test"]:
-        handle = manage.find(name)
-        if handle is not None:
-            break
-    if handle is None:
-        which = f"'{instance}' " if instance else ""
-        _fail(SandgateError(f"no gateway {which}is running", "start one with `sandgate up`"))
+    try:
+        handle = manage.running(instance)
+    except SandgateError as exc:
+        _fail(exc)
         return
     try:
         cfg = GatewayConfig.load((run_dir(handle.instance) / "gateway.json").read_text())

@@ -253,6 +253,16 @@ class ReloadResult:
     default: bool  # made the default policy of new runs on this gateway
 
 
+def running(instance: str | None) -> GatewayHandle:
+    """The running gateway ``instance``, else ``main``, then ``test``; an error if none runs."""
+    for name in [instance] if instance else ["main", "test"]:
+        handle = find(name)
+        if handle is not None:
+            return handle
+    which = f"'{instance}' " if instance else ""
+    raise GatewayError(f"no gateway {which}is running", "start one with `sandgate up`")
+
+
 def reload(instance: str | None, policy: str | Path, make_default: bool = False) -> ReloadResult:
     """Validate ``policy``, then have the running gateway (``instance``, else main, then test)
     apply it to the guests started with it. A broken file raises ``PolicyError`` (its lines)
@@ -261,14 +271,7 @@ def reload(instance: str | None, policy: str | Path, make_default: bool = False)
 
     path = str(Path(policy).resolve())
     load_policy(path)
-    handle = None
-    for name in [instance] if instance else ["main", "test"]:
-        handle = find(name)
-        if handle is not None:
-            break
-    if handle is None:
-        which = f"'{instance}' " if instance else ""
-        raise GatewayError(f"no gateway {which}is running", "start one with `sandgate up`")
+    handle = running(instance)
     with handle.client() as c:
         answer = c.call("reload", policy=path)
     if make_default:
