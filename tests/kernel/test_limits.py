@@ -48,7 +48,10 @@ def spawn(sandbox: Runner, count: int, **kw: object) -> tuple[int, object]:
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    script = f"i=0; while [ $i -lt {count} ]; do sleep 30 & i=$((i+1)); done 2>/dev/null; sleep 1"
+    # dash exits at its first refused fork, so the loop runs in a subshell and the outer shell
+    # then `exec`s (no new pid): the sleeps stay alive for a second for the sampler to see.
+    loop = f"i=0; while [ $i -lt {count} ]; do sleep 30 & i=$((i+1)); done"
+    script = f"({loop}) 2>/dev/null; exec sleep 1"
     try:
         result = sandbox.sh(script, timeout=30, **kw)
     finally:
