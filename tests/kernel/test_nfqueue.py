@@ -499,7 +499,7 @@ def test_denied_flow_gets_a_reset_fast(topo: Topo, reader: Reader) -> None:
     res = topo.run_client(mode="tls", sni="denied.test", timeout=3.0)
     print(f"\ndenied: {res}")
     assert not res["ok"] and res["error"] == "ConnectionResetError", res
-    assert res["elapsed"] < 0.1
+    assert res["elapsed"] < 1.0  # a drop would wait out the 3 s timeout; 1 s spares a loaded CI
 
 
 def test_split_client_hello_is_held_until_whole(topo: Topo, reader: Reader) -> None:
@@ -512,7 +512,7 @@ def test_split_client_hello_is_held_until_whole(topo: Topo, reader: Reader) -> N
     assert [e["seq"] for e in queued] == sorted(e["seq"] for e in queued)
     assert min(e["released"] for e in queued) >= max(e["arrived"] for e in queued)
     denied = topo.run_client(mode="tls", sni="denied.test", maxseg=120, timeout=3.0)
-    assert denied["error"] == "ConnectionResetError" and denied["elapsed"] < 0.1, denied
+    assert denied["error"] == "ConnectionResetError" and denied["elapsed"] < 1.0, denied
 
 
 def test_no_reader_means_no_passage(topo: Topo, rules: TlsGate) -> None:
@@ -568,7 +568,7 @@ def test_gateway_chain_registered_after_iptables_filter(topo: Topo, reader: Read
     topo.gateway_table()
     try:
         denied = topo.run_client(mode="tls", sni="denied.test", timeout=3.0)
-        assert denied["error"] == "ConnectionResetError" and denied["elapsed"] < 0.1, denied
+        assert denied["error"] == "ConnectionResetError" and denied["elapsed"] < 1.0, denied
         assert topo.run_client(mode="tls", sni="allowed.test", nbytes=MIB)["ok"]
     finally:
         topo.gateway_table()
