@@ -806,6 +806,69 @@ def export_k8s(
     _export("k8s", policy, profile, all_profiles, out_path, namespace, selector, strict)
 
 
+# -- export gateway-vm / gateway (issue 10: the homelab gateway VM) ---------------------------
+UplinkOpt = Annotated[
+    str | None, typer.Option("--uplink", help="the gateway's uplink interface (eth0)")
+]
+GuestLinkOpt = Annotated[
+    list[str] | None,
+    typer.Option("--guest", help="IF=PROFILE: one guest behind this interface (repeat)"),
+]
+
+
+@export_app.command("gateway-vm")
+def export_gateway_vm(
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="directory to write into")],
+    policy: PolicyOpt = None,
+    uplink: UplinkOpt = None,
+    guest: GuestLinkOpt = None,
+    sandgate_bin: Annotated[
+        str, typer.Option("--sandgate-bin", help="sandgate's path on the gateway VM")
+    ] = "/usr/local/bin/sandgate",
+) -> None:
+    """Every file a gateway VM and its hypervisor need (ruleset, sysctls, systemd units,
+    ifupdown bridges, host-drop table, Ansible playbook, README); links from [gateway]."""
+    from sandgate.export.gatewayvm import export_files
+    from sandgate.net.handed import handed_from
+    from sandgate.policy.load import load_policy
+
+    try:
+        pol = load_policy(policy)
+        if pol.builtin:
+            raise SandgateError("export gateway-vm needs a policy file", "give --policy FILE")
+        links = handed_from(pol, uplink, guest or [])
+        files = export_files(pol, Path(pol.source).read_bytes(), links, sandgate_bin).files
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    for rel, data in files.items():
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    err.print(
+        f"wrote {len(files)} file(s) to {out_dir}/ (see {out_dir}/README.md)", highlight=False
+    )
+
+
+@app.command()
+def gateway(
+    policy: PolicyOpt = None,
+    uplink: UplinkOpt = None,
+    guest: GuestLinkOpt = None,
+) -> None:
+    """Run the gateway daemon on interfaces it did not create (a gateway VM): --uplink IF and
+    --guest IF=PROFILE per guest link, or uplink/guests in the policy's [gateway]."""
+    from sandgate.gateway.handed import prepare
+    from sandgate.gateway.server import run as run_daemon
+
+    try:
+        config = prepare(policy, uplink, guest or [])
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    raise typer.Exit(run_daemon(str(config)))
+
+
 @app.command()
 def prove(
     world: Annotated[
