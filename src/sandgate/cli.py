@@ -872,7 +872,12 @@ def gateway(
 @app.command()
 def prove(
     world: Annotated[
-        str | None, typer.Option("--world", help="'test': prove in sandgate's own test world")
+        str | None,
+        typer.Option(
+            "--world",
+            help="'test': sandgate's own test world; 'homelab': report 001's gateway VM, "
+            "configured from its exported files, proved from every guest, rebooted, proved again",
+        ),
     ] = None,
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
@@ -887,8 +892,11 @@ def prove(
     from sandgate.prove.runner import prove as run_prove
     from sandgate.report.render import prove_table
 
+    if world == "homelab":
+        _prove_homelab(policy, profile, mode, instance, json_out)
+        return
     if world not in (None, "test"):
-        raise typer.BadParameter("the only world is 'test'", param_hint="--world")
+        raise typer.BadParameter("the worlds are 'test' and 'homelab'", param_hint="--world")
     try:
         result = run_prove(
             ProveOptions(
@@ -910,6 +918,39 @@ def prove(
             f"(session {result.session}; every attempt: sandgate log --session {result.session})"
         )
     raise typer.Exit(1 if result.failed else 0)
+
+
+def _prove_homelab(
+    policy: str | None, profile: str | None, mode: str | None, instance: str | None, js: bool
+) -> None:
+    from sandgate.prove.homelab import prove_homelab, totals
+    from sandgate.report.render import prove_table
+    from sandgate.sandbox.launch import preflight
+
+    if profile or mode or instance:
+        _fail(SandgateError("--world homelab takes its guests from [gateway]", "drop the option"))
+    try:
+        preflight()
+        proves = prove_homelab(policy)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    failed = totals(proves)["FAIL"] > 0
+    if js:
+        for p in proves:
+            for row in p.rows():
+                print(json.dumps(row))
+    else:
+        for p in proves:
+            out.print(f"[bold]guest {p.guest} ({p.profile}), boot {p.boot}[/bold]")
+            out.print(prove_table(p.result))
+        t = totals(proves)
+        out.print(
+            f"[green]{t['PASS']} passed[/green], [red]{t['FAIL']} failed[/red], "
+            f"{t['SKIP']} skipped: {len(proves)} guest runs, before and after a reboot from "
+            "the exported files"
+        )
+    raise typer.Exit(1 if failed else 0)
 
 
 @app.command()

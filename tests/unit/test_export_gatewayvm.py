@@ -135,7 +135,7 @@ def test_bad_links_write_nothing(tmp_path: Path, args: list[str], message: str) 
 def test_no_links_anywhere_is_an_error(tmp_path: Path) -> None:
     policy = tmp_path / "p.toml"
     policy.write_text('[profiles.a]\ninternet = "open"\n')
-    with pytest.raises(SandgateError, match="no uplink.*no guest link|no uplink"):
+    with pytest.raises(SandgateError, match="no uplink"):
         hd.handed_from(load_policy(str(policy)), None, [])
 
 

@@ -62,11 +62,27 @@ def prepare(policy: str | None, uplink: str | None, guests: Sequence[str]) -> Pa
             "fix them and start again; nothing was applied",
         )
     spec = pol.file.gateway
-    cfg = config_for(os.path.abspath(pol.source), links, spec.upstream_dns, str(spec.pool))
+    upstream = spec.upstream_dns or machine_resolvers()
+    cfg = config_for(os.path.abspath(pol.source), links, upstream, str(spec.pool))
     path = run_dir(cfg.instance) / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.write_text(cfg.dump())
     return path
+
+
+def machine_resolvers() -> list[str]:
+    """The gateway VM's own resolvers when the policy names none (its resolv.conf; a local
+    stub such as systemd-resolved's 127.0.0.53 is skipped for the servers behind it)."""
+    for path in ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"):
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        servers = [ln.split()[1] for ln in lines if ln.startswith("nameserver") and " " in ln]
+        servers = [s for s in servers if not s.startswith("127.")]
+        if servers:
+            return servers
+    return []
 
 
 def own_listeners(port: int) -> list[str]:
