@@ -159,3 +159,21 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
             ["systemd-analyze", "verify", *mine], capture_output=True, text=True, check=False
         )
         assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def test_one_gateway_table_drives_run_and_the_gateway_vm(tmp_path: Path) -> None:
+    """Part 6: `sandgate run` reads the same [gateway] (pool, upstream DNS) the export uses."""
+    from sandgate.session.stack import gateway_config
+
+    text = HOMELAB.read_text().replace(
+        'guest_pool = "10.201.0.0/16"', 'guest_pool = "10.202.0.0/16"'
+    )
+    text = text.replace("# upstream_dns", "upstream_dns", 1)
+    policy = tmp_path / "homelab.toml"
+    policy.write_text(text)
+    pol = load_policy(str(policy))
+    cfg = gateway_config("t", None, None, pol)
+    assert cfg.guest_pool == "10.202.0.0/16" and cfg.upstream_dns == ("192.168.1.1",)
+    files = export_files(pol, policy.read_bytes(), hd.handed_from(pol, None, [])).files
+    assert "| eth1 | vmbr11 | coder | 10.202.0.2/30 | 10.202.0.1 |" in files["README.md"].decode()
+    assert b'"10.202.0.1"' in files["gateway/etc/sandgate/sandgate.nft.json"]
