@@ -177,3 +177,22 @@ def test_one_gateway_table_drives_run_and_the_gateway_vm(tmp_path: Path) -> None
     files = export_files(pol, policy.read_bytes(), hd.handed_from(pol, None, [])).files
     assert "| eth1 | vmbr11 | coder | 10.202.0.2/30 | 10.202.0.1 |" in files["README.md"].decode()
     assert b'"10.202.0.1"' in files["gateway/etc/sandgate/sandgate.nft.json"]
+
+
+def test_resolver_listeners_are_read_from_proc() -> None:
+    """The daemon's start-up check (report 001's assertion) reads /proc/net/{tcp,udp}."""
+    from sandgate.gateway.handed import parse_proc_net
+
+    udp = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+        "timeout inode ref pointer drops\n"
+        "  1: 0100C90A:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0 "
+        "       0 4242 2 0000000000000000 0\n"
+        "  2: 00000000:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0 "
+        "       0 4343 2 0000000000000000 0\n"
+        "  3: 0100007F:1F90 00000000:0000 07 00000000:00000000 00:00000000 00000000     0 "
+        "       0 4444 2 0000000000000000 0\n"
+    )
+    assert parse_proc_net(udp, 53, listen_only=False) == [("10.201.0.1", 4242), ("0.0.0.0", 4343)]
+    tcp = udp.replace(" 07 ", " 0A ", 1)
+    assert parse_proc_net(tcp, 53, listen_only=True) == [("10.201.0.1", 4242)]
