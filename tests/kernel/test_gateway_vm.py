@@ -38,8 +38,9 @@ def root() -> None:
         pytest.skip("needs root")
 
 
-def test_prove_homelab_from_the_files_and_after_a_reboot(root: None) -> None:
-    proves = prove_homelab(None, f"hp{os.getpid() % 10000}")
+@pytest.mark.parametrize("policy", [None, str(HOMELAB)], ids=["world", "examples"])
+def test_prove_homelab_from_the_files_and_after_a_reboot(root: None, policy: str | None) -> None:
+    proves = prove_homelab(policy, f"hp{os.getpid() % 10000}")
     assert {(p.guest, p.boot) for p in proves} == {(g, b) for g in ("eth1", "eth2") for b in (1, 2)}
     for p in proves:
         results = Counter(r.result for r in p.result.results)
