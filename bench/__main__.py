@@ -1,4 +1,5 @@
-"""``python -m bench foundation|proxy|scale [--json] [--quick] [--only PART ...]`` (bench/run)."""
+"""``python -m bench foundation|proxy|scale|homelab [--json] [--quick] [--only PART ...]``
+(bench/run)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _clean(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__)
-    parser.add_argument("suite", choices=["foundation", "proxy", "scale"])
+    parser.add_argument("suite", choices=["foundation", "proxy", "scale", "homelab"])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--quick",
@@ -55,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         with signals_raise():
             result = scale.main_scale(args.quick, args.sessions, tuple(args.only or scale.PARTS))
         text = scale.render(result)
+    elif args.suite == "homelab":
+        from bench import homelab
+
+        with signals_raise():
+            result = homelab.main_homelab(args.quick)
+        text = homelab.render(result)
     elif args.suite == "proxy":
         from bench import proxy
 

@@ -806,10 +806,78 @@ def export_k8s(
     _export("k8s", policy, profile, all_profiles, out_path, namespace, selector, strict)
 
 
+# -- export gateway-vm / gateway (issue 10: the homelab gateway VM) ---------------------------
+UplinkOpt = Annotated[
+    str | None, typer.Option("--uplink", help="the gateway's uplink interface (eth0)")
+]
+GuestLinkOpt = Annotated[
+    list[str] | None,
+    typer.Option("--guest", help="IF=PROFILE: one guest behind this interface (repeat)"),
+]
+
+
+@export_app.command("gateway-vm")
+def export_gateway_vm(
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="directory to write into")],
+    policy: PolicyOpt = None,
+    uplink: UplinkOpt = None,
+    guest: GuestLinkOpt = None,
+    sandgate_bin: Annotated[
+        str, typer.Option("--sandgate-bin", help="sandgate's path on the gateway VM")
+    ] = "/usr/local/bin/sandgate",
+) -> None:
+    """Every file a gateway VM and its hypervisor need (ruleset, sysctls, systemd units,
+    ifupdown bridges, host-drop table, Ansible playbook, README); links from [gateway]."""
+    from sandgate.export.gatewayvm import export_files
+    from sandgate.net.handed import handed_from
+    from sandgate.policy.load import load_policy
+
+    try:
+        pol = load_policy(policy)
+        if pol.builtin:
+            raise SandgateError("export gateway-vm needs a policy file", "give --policy FILE")
+        links = handed_from(pol, uplink, guest or [])
+        files = export_files(pol, Path(pol.source).read_bytes(), links, sandgate_bin).files
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    for rel, data in files.items():
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    err.print(
+        f"wrote {len(files)} file(s) to {out_dir}/ (see {out_dir}/README.md)", highlight=False
+    )
+
+
+@app.command()
+def gateway(
+    policy: PolicyOpt = None,
+    uplink: UplinkOpt = None,
+    guest: GuestLinkOpt = None,
+) -> None:
+    """Run the gateway daemon on interfaces it did not create (a gateway VM): --uplink IF and
+    --guest IF=PROFILE per guest link, or uplink/guests in the policy's [gateway]."""
+    from sandgate.gateway.handed import prepare
+    from sandgate.gateway.server import run as run_daemon
+
+    try:
+        config = prepare(policy, uplink, guest or [])
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    raise typer.Exit(run_daemon(str(config)))
+
+
 @app.command()
 def prove(
     world: Annotated[
-        str | None, typer.Option("--world", help="'test': prove in sandgate's own test world")
+        str | None,
+        typer.Option(
+            "--world",
+            help="'test': sandgate's own test world; 'homelab': report 001's gateway VM, "
+            "configured from its exported files, proved from every guest, rebooted, proved again",
+        ),
     ] = None,
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
@@ -824,8 +892,11 @@ def prove(
     from sandgate.prove.runner import prove as run_prove
     from sandgate.report.render import prove_table
 
+    if world == "homelab":
+        _prove_homelab(policy, profile, mode, instance, json_out)
+        return
     if world not in (None, "test"):
-        raise typer.BadParameter("the only world is 'test'", param_hint="--world")
+        raise typer.BadParameter("the worlds are 'test' and 'homelab'", param_hint="--world")
     try:
         result = run_prove(
             ProveOptions(
@@ -847,6 +918,39 @@ def prove(
             f"(session {result.session}; every attempt: sandgate log --session {result.session})"
         )
     raise typer.Exit(1 if result.failed else 0)
+
+
+def _prove_homelab(
+    policy: str | None, profile: str | None, mode: str | None, instance: str | None, js: bool
+) -> None:
+    from sandgate.prove.homelab import prove_homelab, totals
+    from sandgate.report.render import prove_table
+    from sandgate.sandbox.launch import preflight
+
+    if profile or mode or instance:
+        _fail(SandgateError("--world homelab takes its guests from [gateway]", "drop the option"))
+    try:
+        preflight()
+        proves = prove_homelab(policy)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    failed = totals(proves)["FAIL"] > 0
+    if js:
+        for p in proves:
+            for row in p.rows():
+                print(json.dumps(row))
+    else:
+        for p in proves:
+            out.print(f"[bold]guest {p.guest} ({p.profile}), boot {p.boot}[/bold]")
+            out.print(prove_table(p.result))
+        t = totals(proves)
+        out.print(
+            f"[green]{t['PASS']} passed[/green], [red]{t['FAIL']} failed[/red], "
+            f"{t['SKIP']} skipped: {len(proves)} guest runs, before and after a reboot from "
+            "the exported files"
+        )
+    raise typer.Exit(1 if failed else 0)
 
 
 @app.command()

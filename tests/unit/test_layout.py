@@ -23,11 +23,12 @@ EXPORTS = {
     "sandgate.agents": ["demo_agent", "frameworks", "registry", "scripted_agent"],
     "sandgate.doctor": ["driver", "hops", "judge", "plan", "runner"],
     "sandgate.events": ["chain", "ocsf", "redact", "schema", "store", "verify"],
-    "sandgate.export": ["cilium", "k8s", "space", "unexpressed"],
+    "sandgate.export": ["cilium", "gatewayvm", "k8s", "space", "unexpressed"],
     "sandgate.gateway": [
         "config", "control", "daemon", "dns", "guests", "integrity", "lifecycle", "logfeed",
         "logs", "manage", "proxy", "registry", "selfcheck", "server", "sink", "watchdog",
         "reload",
+        "handed",
     ],
     "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],
@@ -39,12 +40,13 @@ EXPORTS = {
         "compile", "iphead", "iptables", "links", "netlink", "nflog", "nfqueue", "nft", "ns",
         "sockdiag",
         "conntrack",
+        "handed",
     ],
     "sandgate.policy": [
         "classify", "decide", "dnsnames", "exemptions", "hostparse", "limits", "load", "locate",
         "model", "patterns", "pins", "profile", "requests",
     ],
-    "sandgate.prove": ["catalogue", "driver", "invariants", "runner"],
+    "sandgate.prove": ["catalogue", "driver", "homelab", "invariants", "runner"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],
     "sandgate.sandbox": ["bwrap", "launch", "limits", "privilege", "tree", "workspace"],
     "sandgate.session": [
@@ -55,7 +57,7 @@ EXPORTS = {
         "Claim", "ClaimKind", "Evidence", "FileFact", "Finding", "Verdict", "check_claims",
         "extract_claims", "flagged",
     ],
-    "sandgate.world": ["fixtures", "servers", "topology"],
+    "sandgate.world": ["fixtures", "homelab", "servers", "topology"],
     "sandgate.world.servers": [],  # each server is run as its own process (python -m ...)
 }  # fmt: skip
 
@@ -118,6 +120,9 @@ CIRCLES = [
 KNOWN: dict[tuple[str, str], str] = {
     # The entry point `python -m sandgate` is the CLI itself, not something below it.
     ("sandgate.__main__", "sandgate.cli"): "the entry point",
+    # A gateway VM's ruleset must be the daemon's own compiler's, not a copy (issue 10);
+    # net/handed.py is pure (policy in, nftables JSON out).
+    ("sandgate.export.gatewayvm", "sandgate.net.handed"): "the daemon's own compiler",
 }
 
 

@@ -2,7 +2,8 @@
 
 Every verdict is ``policy/``'s: the address space is laid out by asking ``decide()``
 (export/space.py), and what an engine cannot say is reported (export/unexpressed.py).
-Pure: no sockets, no kernel.
+Pure: no sockets, no kernel. ``gatewayvm`` writes a gateway VM's files; its ruleset is the
+daemon's own compiler's (net/handed.py, itself pure).
 """
 
-__all__ = ["cilium", "k8s", "space", "unexpressed"]
+__all__ = ["cilium", "gatewayvm", "k8s", "space", "unexpressed"]

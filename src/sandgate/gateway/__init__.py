@@ -12,6 +12,7 @@ __all__ = [
     "daemon",
     "dns",
     "guests",
+    "handed",
     "integrity",
     "lifecycle",
     "logfeed",

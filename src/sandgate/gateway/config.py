@@ -34,11 +34,18 @@ class GatewayConfig:
     ] = ()  # CAs the proxy trusts upstream besides the system's (test world)
     policy: str = ""  # the policy file whose [gateway] table this is (for messages)
     host_addresses: tuple[str, ...] = ()  # the host's own addresses: no guest reaches them
+    # A gateway VM (uplink kind "handed"): its guest links, (interface, profile) in slot order.
+    guest_links: tuple[tuple[str, str], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
         return run_dir(self.instance)
+
+    @property
+    def handed(self) -> bool:
+        """On a gateway VM: links handed to it, tables that outlive the daemon."""
+        return self.uplink.kind == "handed"
 
     @property
     def control_path(self) -> Path:
@@ -55,6 +62,7 @@ class GatewayConfig:
         raw["public_override"] = tuple(raw.get("public_override", ()))
         raw["extra_ca"] = tuple(raw.get("extra_ca", ()))
         raw["host_addresses"] = tuple(raw.get("host_addresses", ()))
+        raw["guest_links"] = tuple((str(a), str(b)) for a, b in raw.get("guest_links", ()))
         return cls(**raw)
 
 

@@ -134,12 +134,18 @@ class Lifecycle:
     ) -> dict[str, Any]:
         async with self._lock:
             index = self.table.free_index() if index is None else index
-            link = GuestLink.from_pool(self.pool, index, guest_mac(index))
+            handed = msg.get("handed")  # a gateway VM's guest link: no namespace of ours
+            link = (
+                GuestLink.handed(self.pool, index, str(handed))
+                if handed
+                else GuestLink.from_pool(self.pool, index, guest_mac(index))
+            )
             policy = load_policy(msg.get("policy"))
             self.check_wiring(policy)
             profile = self.profile_for(msg, policy, link)
-            netns = msg["netns"]
-            ns.check_ours(netns)
+            netns = "" if handed else msg["netns"]
+            if not handed:
+                ns.check_ours(netns)
             guest = await self._join(msg, link, policy, profile, netns, canary)
             self.sites.update(guest.sites)
             self.check.note()
@@ -148,7 +154,8 @@ class Lifecycle:
                 return {"guest": link.ifname, "address": str(link.guest)}
             self.table.add(guest)
             self.check.remember_policy(msg.get("policy"))
-            registry.save(self.cfg.run_dir, link.ifname, index, msg)
+            if not handed:  # handed guests come back from the daemon's own configuration
+                registry.save(self.cfg.run_dir, link.ifname, index, msg)
         self.sink.emit(
             Event(
                 kind=Kind.GUEST,
@@ -189,18 +196,25 @@ class Lifecycle:
     ) -> Guest:
         """Every part of a guest, in order; on any failure the parts made so far are undone."""
         loop = asyncio.get_running_loop()
-        # The process hold starts meanwhile (its iptables restore is a subprocess).
+        # The process hold starts meanwhile (its iptables restore is a subprocess). A handed
+        # guest (a VM) has no namespace of ours to hold processes in: attributed by address.
+        handed = bool(msg.get("handed"))
         holding = (
             None
-            if canary
+            if canary or handed
             else loop.run_in_executor(None, self._start_hold, link.ifname, netns, msg.get("pid"))
         )
         session = msg.get("session")
         undo: list[Callable[[], Any]] = []
+        uidlog: NflogSocket | None = None
         try:
-            await self._nl(self.plumber.attach_guest, link, netns)
-            undo.append(lambda: self.netlink.submit(self.plumber.detach_guest, link).result())
-            ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
+            if handed:
+                await self._nl(self.plumber.adopt_guest, link)
+                undo.append(lambda: self.netlink.submit(self.plumber.release_guest, link).result())
+            else:
+                await self._nl(self.plumber.attach_guest, link, netns)
+                undo.append(lambda: self.netlink.submit(self.plumber.detach_guest, link).result())
+                ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
             cmds, sites = guest_add(link, profile, self.limits)
             self.nft.run(batch(*cmds))
             undo.append(lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile))))
@@ -216,8 +230,9 @@ class Lifecycle:
             pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
-            uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
-            undo.append(uidlog.close)
+            if not handed:
+                uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
+                undo.append(uidlog.close)
             hold = await holding if holding is not None else None
             if hold is not None:
                 undo.append(hold.stop)
@@ -241,7 +256,8 @@ class Lifecycle:
             hold,
             msg=dict(msg),
         )
-        loop.add_reader(uidlog.fileno(), self.feed.read_guest, guest)
+        if uidlog is not None:
+            loop.add_reader(uidlog.fileno(), self.feed.read_guest, guest)
         return guest
 
     def _start_hold(self, guest: str, netns: str, root_pid: int | None) -> ProcessHold | None:
@@ -425,7 +441,10 @@ class Lifecycle:
                 # The runner may delete the guest's namespace meanwhile, which takes the link
                 # with it: a link already gone is fine.
                 with contextlib.suppress(Exception):
-                    await self._nl(self.plumber.detach_guest, guest.link)
+                    if guest.msg.get("handed"):  # handed to us: not ours to delete
+                        await self._nl(self.plumber.release_guest, guest.link)
+                    else:
+                        await self._nl(self.plumber.detach_guest, guest.link)
                 self.check.note()
         finally:
             self.table.draining.discard(guest.link.ifname)

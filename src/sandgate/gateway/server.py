@@ -32,6 +32,7 @@ from sandgate.gateway import control
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import Resolver
 from sandgate.gateway.guests import Guest, GuestTable
+from sandgate.gateway.handed import handed_links, own_listeners
 from sandgate.gateway.lifecycle import NFLOG_SETTLE, Lifecycle
 from sandgate.gateway.logfeed import LogFeed, inferred
 from sandgate.gateway.logs.logreader import proto_name
@@ -42,6 +43,8 @@ from sandgate.gateway.sink import EventSink
 from sandgate.gateway.watchdog import Watchdog, watchdog_status
 from sandgate.net import iptables, ns
 from sandgate.net.compile import Limits, Site, base_ruleset
+from sandgate.net.handed import HEARTBEAT
+from sandgate.net.handed import heartbeat as heartbeat_cmds
 from sandgate.net.links import Plumber
 from sandgate.net.nft import Nft, batch
 
@@ -147,22 +150,35 @@ class Gateway:
         self.sink.bind(loop)
         self.resolver.bind(loop)
         self.guests_.sink_loop = loop
+        handed = self.cfg.handed
+        ifnames = [name for name, _ in self.cfg.guest_links]
+        if handed:
+            problems = await self._nl(self.plumber.check_handed, [self.cfg.uplink.ifname, *ifnames])
+            if problems:
+                raise SandgateError("; ".join(problems), "nothing was applied; fix and start again")
         await self._nl(self.plumber.harden_gateway)
+        # On a gateway VM the same base ruleset export gateway-vm writes (net/handed.py), with
+        # the alive fence: the tables outlive this process there.
         cmds, sites = base_ruleset(
             self.cfg.uplink.ifname,
             self.pool,
             public_override=self.public_override,
             limits=self.limits,
+            guest_ifnames=ifnames if handed else None,
+            fence=handed,
         )
         self.nft.run(batch(*cmds))
         self.sites.update(sites)
         # The TLS gate: its reader is bound before forwarding starts, and its rule has no bypass.
-        self.gate = GateReader(self.table.profile_at, self.sink.flow)
-        iptables.install(self.gate.gate)
+        self.gate = GateReader(self.table.profile_at, self.sink.flow, ifaces=tuple(ifnames))
+        iptables.install(self.gate.gate, allow_host=handed)
         loop.add_reader(self.gate.fileno(), self.gate.on_readable)
         await self._nl(self.plumber.make_uplink, self.cfg.uplink)
+        if handed:
+            await self._adopt_handed()
         # Rules first, forwarding second: never a moment of forwarding without a policy.
         await self._nl(self.plumber.enable_forwarding)
+        heartbeat = asyncio.ensure_future(self._heartbeat()) if handed else None
         self.feed.open(loop)
         self.check.note()
         await self.guests_.reattach()
@@ -182,6 +198,8 @@ class Gateway:
             await self.stop.wait()
         finally:
             ticker.cancel()
+            if heartbeat is not None:
+                heartbeat.cancel()
             server.close()
             await self._shutdown()
 
@@ -218,6 +236,30 @@ class Gateway:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self.sink.store.close()
+
+    async def _adopt_handed(self) -> None:
+        """A gateway VM's guests, one per handed link, in slot order; then the proof that the
+        resolver listens on guest links only (report 001's assertion), or no start at all."""
+        for index, (ifname, profile) in enumerate(self.cfg.guest_links):
+            msg = {"handed": ifname, "profile": profile, "policy": self.cfg.policy}
+            await self.guests_.add({**msg, "session": None}, index=index)
+        allowed = {str(g.link.gateway) for g in self.table}
+        wrong = sorted(set(own_listeners(53)) - allowed)
+        if wrong:
+            raise SandgateError(
+                f"the resolver would listen on {', '.join(wrong)}, not a guest link",
+                "refusing to start: the resolver serves guest links only",
+            )
+
+    async def _heartbeat(self) -> None:
+        """Keep vouching for the handed links (net/handed.py): if this stops, so does forwarding."""
+        links = handed_links(self.cfg)
+        while True:
+            try:
+                self.nft.run(batch(*heartbeat_cmds(links)))
+            except SandgateError as exc:
+                sys.stderr.write(f"sandgate gateway: heartbeat: {exc}\n")
+            await asyncio.sleep(HEARTBEAT)
 
     async def _ticker(self) -> None:
         while True:

@@ -5,6 +5,7 @@ queues; the NFLOG, NFQUEUE and sock_diag readers. Imports nothing from ``gateway
 __all__ = [
     "compile",
     "conntrack",
+    "handed",
     "iphead",
     "iptables",
     "links",

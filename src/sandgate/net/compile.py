@@ -105,6 +105,13 @@ class GuestLink:
             mac,
         )
 
+    @classmethod
+    def handed(cls, pool: IPNetwork, index: int, ifname: str) -> GuestLink:
+        """A link the gateway was handed (a gateway VM's eth1): the guest's MAC is not ours to
+        know, so its ingress chain pins the guest's address only."""
+        made = cls.from_pool(pool, index, "")
+        return cls(index, ifname, made.subnet, made.gateway, made.guest, "")
+
 
 @dataclass
 class _Builder:
@@ -170,15 +177,28 @@ class _Builder:
         return [{"counter": counter}, _limit(self.limits), _log(prefix, GROUP_DROP)]
 
 
+ALIVE_SET = "alive"  # links a live daemon vouches for (gateway VM): forwarding needs it
+
+
 def base_ruleset(
     uplink: str,
     pool: IPNetwork,
     *,
     public_override: Iterable[IPNetwork] = (),
     limits: Limits = Limits(),
+    guest_ifnames: Iterable[str] | None = None,
+    fence: bool = False,
 ) -> tuple[list[Json], dict[str, Site]]:
-    """The gateway-wide tables; per-guest parts are added with ``guest_add``."""
+    """The gateway-wide tables; per-guest parts are added with ``guest_add``.
+
+    ``guest_ifnames``: the guest links by name (handed interfaces); by default every ``g*``
+    link the daemon makes. ``fence``: for a gateway whose tables outlive its daemon (a gateway
+    VM): nothing is forwarded from a link unless it is in the ``alive`` set, whose elements the
+    daemon keeps refreshing with a timeout (net/handed.py). A dead daemon stops refreshing and
+    forwarding stops by itself, by a rule that does not depend on the daemon.
+    """
     b = _Builder("inet", limits)
+    guest_links: Any = "g*" if guest_ifnames is None else {"set": sorted(guest_ifnames)}
     cmds: list[Json] = [
         {"add": {"table": {"family": "inet", "name": TABLE}}},
         {"delete": {"table": {"family": "inet", "name": TABLE}}},
@@ -207,6 +227,9 @@ def base_ruleset(
     b.add("chain", name="output", type="filter", hook="output", prio=0, policy="accept")
     b.add("chain", name="prerouting", type="nat", hook="prerouting", prio=-100, policy="accept")
     b.add("chain", name="postrouting", type="nat", hook="postrouting", prio=100, policy="accept")
+    if fence:
+        b.add("set", name=ALIVE_SET, type="ifname", flags=["timeout"])
+        b.rule("forward", _match(_meta("iifname"), "@" + ALIVE_SET, op="!="), {"drop": None})
 
     invalid = b.site("gw", None, deny(Reason.INVALID))
     ipv6 = b.site("gw", None, deny(Reason.IPV6))
@@ -229,7 +252,7 @@ def base_ruleset(
     # The attempt to use another server is logged as such (only the first packet of a flow
     # reaches a nat chain) before being redirected.
     dns = [
-        _match(_meta("iifname"), "g*"),
+        _match(_meta("iifname"), guest_links),
         _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
         _match(_payload("th", "dport"), 53),
     ]
@@ -240,7 +263,7 @@ def base_ruleset(
     # its ClientHello held for a verdict on the SNI (the TLS gate, net/iptables.py), except
     # where the gateway must speak TLS itself: to its own address (fronted services) and to
     # addresses of names the guest's profile inspects (filled in by the resolver, with TTLs).
-    web = [_match(_meta("iifname"), "g*"), _match(_meta("l4proto"), "tcp")]
+    web = [_match(_meta("iifname"), guest_links), _match(_meta("l4proto"), "tcp")]
     b.rule(
         "prerouting",
         *web,
@@ -374,13 +397,14 @@ def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[st
     chain = f"ing_{g}"
     b.add("chain", name=chain, type="filter", hook="ingress", dev=g, prio=-500, policy="drop")
     # Sites are numbered apart from the inet table's by their chain-name prefix.
-    mac_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_MAC))
+    mac_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_MAC)) if link.mac else None
     ip_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_IP))
     arp_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_ARP))
     ipv6 = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.IPV6))
     other = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.ETHERTYPE))
     ether_type = _payload("ether", "type")
-    b.rule(chain, _match(_payload("ether", "saddr"), link.mac, op="!="), mac_spoof)
+    if mac_spoof is not None:
+        b.rule(chain, _match(_payload("ether", "saddr"), link.mac, op="!="), mac_spoof)
     b.rule(
         chain,
         _match(ether_type, "ip"),

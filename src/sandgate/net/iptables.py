@@ -103,6 +103,7 @@ class TlsGate:
     queue_num: int
     iface: str = "g+"
     dport: int = 443
+    ifaces: tuple[str, ...] = ()  # handed guest links by name (a gateway VM); then not iface
     decided: int = DECIDED
     denied: int = DENIED
     chain: str = "sg-tls"
@@ -114,7 +115,7 @@ class TlsGate:
             raise ValueError("decided must be one bit, distinct from denied")
         if not self.denied or self.denied & (self.denied - 1):
             raise ValueError("denied must be one bit")
-        for text in (self.iface, self.chain):
+        for text in (self.iface, self.chain, *self.ifaces):
             if not text or not all(c.isalnum() or c in "+-_." for c in text):
                 raise ValueError(f"{text!r} is not a plain interface or chain name")
 
@@ -159,8 +160,11 @@ def restore_text(gate: TlsGate) -> str:
         ":OUTPUT ACCEPT [0:0]",
         ":POSTROUTING ACCEPT [0:0]",
         f":{c} - [0:0]",
-        f"-A FORWARD -i {gate.iface} -p tcp --dport {gate.dport}"
-        f" -m connmark ! --mark {d:#x}/{d:#x} -j {c}",
+        *(
+            f"-A FORWARD -i {iface} -p tcp --dport {gate.dport}"
+            f" -m connmark ! --mark {d:#x}/{d:#x} -j {c}"
+            for iface in (gate.ifaces or (gate.iface,))
+        ),
         f"-A {c} -m mark --mark {d:#x}/{d:#x}"
         f" -j CONNMARK --save-mark --nfmask {both:#x} --ctmask {both:#x}",
         f"-A {c} -m mark --mark {d:#x}/{d:#x} -j RETURN",
@@ -183,7 +187,9 @@ def removal_text() -> str:
     return "*mangle\nCOMMIT\n*filter\nCOMMIT\n"
 
 
-def _check_not_host() -> None:
+def _check_not_host(allow_host: bool = False) -> None:
+    if allow_host:  # a gateway VM: the whole machine is the gateway (sandgate gateway)
+        return
     here = os.stat("/proc/thread-self/ns/net")
     hosts = {PROC_NET_INIT_INO}
     with contextlib.suppress(OSError):  # unreadable when pid 1 is not dumpable
@@ -195,8 +201,8 @@ def _check_not_host() -> None:
         )
 
 
-def _restore(text: str) -> None:
-    _check_not_host()
+def _restore(text: str, allow_host: bool = False) -> None:
+    _check_not_host(allow_host)
     if shutil.which(RESTORE) is None:
         raise SetupError(f"{RESTORE} not found", "apt-get install iptables")
     # The child inherits this thread's network namespace (fork copies the caller's namespaces).
@@ -231,9 +237,10 @@ def install_hold(queue_num: int) -> None:
     _restore(hold_text(queue_num))
 
 
-def install(gate: TlsGate) -> None:
-    """Replace the namespace's ``ip mangle``/``ip filter`` rules with ``gate``'s, atomically."""
-    _restore(restore_text(gate))
+def install(gate: TlsGate, allow_host: bool = False) -> None:
+    """Replace the namespace's ``ip mangle``/``ip filter`` rules with ``gate``'s, atomically.
+    ``allow_host``: only for a gateway VM, whose own namespace is the gateway's."""
+    _restore(restore_text(gate), allow_host)
 
 
 def remove() -> None:

@@ -12,6 +12,7 @@ redirects, no proxy ARP. The netdev ingress chain (net/compile.py) is the second
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -35,9 +36,11 @@ class Uplink:
     kind "pasta": the real uplink of this host, through pasta (package passt), which gives the
     gateway a tap device and carries its traffic out as ordinary sockets of the host. Nothing
     in the host's namespace changes: no route, no sysctl, no firewall rule, no link.
+    kind "handed": an interface the gateway was handed (a gateway VM's eth0), configured by
+    the machine's own network setup; the gateway only checks it is there and hardens it.
     """
 
-    kind: Literal["netns", "pasta"]
+    kind: Literal["netns", "pasta", "handed"]
     address: str = ""  # CIDR, e.g. "10.77.0.2/24"
     via: str = ""  # next hop
     peer_netns: str = ""
@@ -78,6 +81,19 @@ GUEST_SYSCTLS = {
 }
 
 
+def link_sysctl_values(ifname: str) -> dict[str, str]:
+    """Every link of the gateway: IPv6 off, ARP only for the link's own address, strict
+    rp_filter (also written as a sysctl drop-in by export gateway-vm)."""
+    return {
+        f"net.ipv6.conf.{ifname}.disable_ipv6": "1",
+        f"net.ipv4.conf.{ifname}.arp_ignore": "1",
+        f"net.ipv4.conf.{ifname}.arp_announce": "2",
+        f"net.ipv4.conf.{ifname}.rp_filter": "1",
+        f"net.ipv4.conf.{ifname}.send_redirects": "0",
+        f"net.ipv4.conf.{ifname}.proxy_arp": "0",
+    }
+
+
 def guest_mac(index: int) -> str:
     """A locally administered, stable MAC per guest index (the ingress chain pins it)."""
     return f"02:53:47:{(index >> 16) & 0xFF:02x}:{(index >> 8) & 0xFF:02x}:{index & 0xFF:02x}"
@@ -115,16 +131,7 @@ class Plumber:
         return Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
 
     def link_sysctls(self, ifname: str) -> None:
-        ns.write_sysctls(
-            {
-                f"net.ipv6.conf.{ifname}.disable_ipv6": "1",
-                f"net.ipv4.conf.{ifname}.arp_ignore": "1",
-                f"net.ipv4.conf.{ifname}.arp_announce": "2",
-                f"net.ipv4.conf.{ifname}.rp_filter": "1",
-                f"net.ipv4.conf.{ifname}.send_redirects": "0",
-                f"net.ipv4.conf.{ifname}.proxy_arp": "0",
-            }
-        )
+        ns.write_sysctls(link_sysctl_values(ifname))
 
     # -- uplink -------------------------------------------------------------------------------
 
@@ -133,6 +140,8 @@ class Plumber:
             self._uplink_netns(up)
         elif up.kind == "pasta":
             pass  # pasta, started from the host side, brings its own tap device (manage.py)
+        elif up.kind == "handed":
+            self.link_sysctls(up.ifname)  # checked present before anything was applied
         else:  # pragma: no cover - config is validated by its type
             raise NetError(f"unknown uplink kind {up.kind!r}")
 
@@ -188,6 +197,38 @@ class Plumber:
             guest.route("add", dst="default", gateway=str(link.gateway))
         finally:
             guest.close()
+
+    def check_handed(self, names: list[str]) -> list[str]:
+        """What is wrong with the handed interfaces (missing, no carrier), each with its fix;
+        called before anything is applied."""
+        problems = []
+        for name in names:
+            found = self.ipr.link_lookup(ifname=name)
+            if not found:
+                problems.append(f"no interface {name} here (ip link shows what there is)")
+                continue
+            (msg,) = self.ipr.link("get", index=found[0])
+            if msg.get_attr("IFLA_CARRIER") == 0:
+                problems.append(f"{name} has no carrier: is its bridge or peer up and attached?")
+        return problems
+
+    def adopt_guest(self, link: GuestLink) -> None:
+        """A handed guest link: hardened, its addresses replaced by the gateway's /30, up.
+        (An address the machine's own setup gave it would be a second, unjudged way in.)"""
+        self.link_sysctls(link.ifname)
+        idx = self._index(link.ifname)
+        for addr in self.ipr.get_addr(index=idx, family=2):
+            self.ipr.addr(
+                "del", index=idx, address=addr.get_attr("IFA_ADDRESS"), prefixlen=addr["prefixlen"]
+            )
+        self._address_up(link.ifname, f"{link.gateway}/30")
+
+    def release_guest(self, link: GuestLink) -> None:
+        """Undo ``adopt_guest``'s address; the link is not ours to delete."""
+        found = self.ipr.link_lookup(ifname=link.ifname)
+        if found:
+            with contextlib.suppress(Exception):
+                self.ipr.addr("del", index=found[0], address=str(link.gateway), prefixlen=30)
 
     def detach_guest(self, link: GuestLink) -> None:
         found = self.ipr.link_lookup(ifname=link.ifname)

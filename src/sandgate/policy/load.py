@@ -398,6 +398,9 @@ def _world_only_keys(
 _MODEL_ERROR_LOC: dict[str, tuple[str, ...]] = {
     "unknown_default_profile": ("gateway", "default_profile"),
     "no_profiles": ("profiles",),
+    "unknown_guest_profile": ("gateway", "guests"),
+    "uplink_is_guest": ("gateway", "uplink"),
+    "guest_link_twice": ("gateway", "guests"),
 }
 
 

@@ -316,6 +316,29 @@ DEFAULT_GUEST_POOL = "10.201.0.0/16"
 GUEST_POOL_MAX_PREFIX = 28  # room for three guests' /30s and the watchdog's canary
 
 
+IFNAME_MAX = 15  # the kernel's IFNAMSIZ less the NUL
+
+
+def check_ifname(v: str) -> str:
+    if not v or len(v) > IFNAME_MAX or not all(c.isalnum() or c in "-_." for c in v):
+        raise ValueError(f"{v!r} is not an interface name (letters, digits, - _ ., at most 15)")
+    return v
+
+
+class GuestLinkSpec(_Strict):
+    """One guest link of a gateway VM (issue 10): the interface, the one guest's profile behind
+    it, and the hypervisor's bridge it is a port of (export gateway-vm names it so)."""
+
+    link: str = Field(description="the gateway's interface to this guest, e.g. eth1")
+    profile: str = Field(description="the profile of the one guest behind it")
+    bridge: str | None = Field(default=None, description="the hypervisor's bridge; default sgbrN")
+
+    @field_validator("link", "bridge")
+    @classmethod
+    def _names(cls, v: str | None) -> str | None:
+        return v if v is None else check_ifname(v)
+
+
 class GatewaySpec(_Strict):
     """How the gateway is wired: the daemon is started with exactly these (session/stack.py).
 
@@ -330,6 +353,17 @@ class GatewaySpec(_Strict):
         default=DEFAULT_GUEST_POOL, description="one /30 per guest is taken from here"
     )
     default_profile: str | None = None
+    # A gateway VM's handed interfaces (`sandgate gateway`, `export gateway-vm`); a gateway
+    # on one host makes its own links and leaves these unset.
+    uplink: str | None = Field(default=None, description="the gateway VM's uplink, e.g. eth0")
+    guests: list[GuestLinkSpec] = Field(
+        default_factory=list, description="one guest per link: [{ link, profile, bridge }]"
+    )
+
+    @field_validator("uplink")
+    @classmethod
+    def _uplink_name(cls, v: str | None) -> str | None:
+        return v if v is None else check_ifname(v)
 
     @cached_property
     def pool(self) -> ipaddress.IPv4Network:
@@ -381,4 +415,32 @@ class PolicyFile(_Strict):
                 "{default} is not a profile here; choose one of {choices}",
                 {"default": repr(default), "choices": ", ".join(sorted(self.profiles))},
             )
+        self._check_guest_links()
         return self
+
+    def _check_guest_links(self) -> None:
+        seen: set[str] = set()
+        for g in self.gateway.guests:
+            if g.profile not in self.profiles:
+                raise PydanticCustomError(
+                    "unknown_guest_profile",
+                    "guest link {link}: {profile} is not a profile here; choose one of {choices}",
+                    {
+                        "link": g.link,
+                        "profile": repr(g.profile),
+                        "choices": ", ".join(sorted(self.profiles)),
+                    },
+                )
+            if g.link == self.gateway.uplink:
+                raise PydanticCustomError(
+                    "uplink_is_guest",
+                    "{link} is the uplink and a guest link; a guest link is its guest's alone",
+                    {"link": g.link},
+                )
+            if g.link in seen:
+                raise PydanticCustomError(
+                    "guest_link_twice",
+                    "{link} is named twice; one guest per link",
+                    {"link": g.link},
+                )
+            seen.add(g.link)

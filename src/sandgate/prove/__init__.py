@@ -3,6 +3,7 @@
 __all__ = [
     "catalogue",
     "driver",
+    "homelab",
     "invariants",
     "runner",
 ]

@@ -35,8 +35,10 @@ Emit = Callable[[FlowKey | None, Event], None]
 
 
 class GateReader:
-    def __init__(self, guest_of: GuestOf, emit: Emit, queue: int = QUEUE) -> None:
-        self.gate = TlsGate(queue)
+    def __init__(
+        self, guest_of: GuestOf, emit: Emit, queue: int = QUEUE, ifaces: tuple[str, ...] = ()
+    ) -> None:
+        self.gate = TlsGate(queue, ifaces=ifaces)
         self.socket = NfqueueSocket(queue)
         self.flights = FirstFlights(self._judge)
         self._guest_of = guest_of
