@@ -34,11 +34,17 @@ class GatewayConfig:
     ] = ()  # CAs the proxy trusts upstream besides the system's (test world)
     policy: str = ""  # the policy file whose [gateway] table this is (for messages)
     host_addresses: tuple[str, ...] = ()  # the host's own addresses: no guest reaches them
+    host_loopback: tuple[int, ...] = ()  # ports of the host's 127.0.0.1 relayed (gateway/hostlo)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
         return run_dir(self.instance)
+
+    @property
+    def hostlo_dir(self) -> Path:
+        """The Unix sockets to the host side of the host-loopback relay (gateway/hostlo.py)."""
+        return self.run_dir / "hostlo"
 
     @property
     def control_path(self) -> Path:
@@ -55,6 +61,7 @@ class GatewayConfig:
         raw["public_override"] = tuple(raw.get("public_override", ()))
         raw["extra_ca"] = tuple(raw.get("extra_ca", ()))
         raw["host_addresses"] = tuple(raw.get("host_addresses", ()))
+        raw["host_loopback"] = tuple(raw.get("host_loopback", ()))
         return cls(**raw)
 
 

@@ -25,6 +25,7 @@ from sandgate.gateway import registry
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.guests import Guest, GuestTable
+from sandgate.gateway.hostlo import HostLoopback
 from sandgate.gateway.logfeed import LogFeed
 from sandgate.gateway.logs.prochold import ProcessHold
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
@@ -81,6 +82,7 @@ class Lifecycle:
         self.pool = table.pool
         self.public_override = tuple(ipaddress.ip_network(n) for n in cfg.public_override)
         self.host_addresses = tuple(ipaddress.ip_address(a) for a in cfg.host_addresses)
+        self.hostlo = HostLoopback(cfg.hostlo_dir, cfg.host_loopback)
         self._lock = asyncio.Lock()
         self._detaching: set[asyncio.Task[None]] = set()
         self.canary_worker: ns.NsThread | None = None
@@ -126,6 +128,30 @@ class Lifecycle:
                     f"stop it (sandgate down --instance {self.cfg.instance}) and start it with "
                     "this policy (sandgate up --policy FILE), or drop the key",
                 )
+        for port in policy.host_loopback_ports():
+            if port not in self.cfg.host_loopback:
+                raise policy.host_loopback_problem(
+                    port,
+                    f"host_loopback {port} is not relayed by the running gateway "
+                    f"'{self.cfg.instance}' (it relays {list(self.cfg.host_loopback) or 'none'}, "
+                    f"from {self.cfg.policy or 'its start'})",
+                    f"stop it (sandgate down --instance {self.cfg.instance}) and start it with "
+                    "this policy (sandgate up --policy FILE)",
+                )
+
+    def _check_expose(self, link: GuestLink, profile: Profile) -> None:
+        """One uplink port leads to one guest: a second guest of an exposed profile is refused
+        (before any of its parts is made)."""
+        mine = {r.port for r in profile.expose}
+        for other in self.table:
+            taken = mine & {r.port for r in other.profile.expose}
+            if taken and other.link.ifname != link.ifname:
+                raise SandgateError(
+                    f"port {', '.join(map(str, sorted(taken)))} is exposed to guest "
+                    f"{other.link.ifname} (profile {other.profile.name}) already: one uplink "
+                    "port leads to one guest",
+                    "stop that guest first, or run this one with another profile",
+                )
 
     # -- joining --------------------------------------------------------------------------------
 
@@ -138,6 +164,7 @@ class Lifecycle:
             policy = load_policy(msg.get("policy"))
             self.check_wiring(policy)
             profile = self.profile_for(msg, policy, link)
+            self._check_expose(link, profile)
             netns = msg["netns"]
             ns.check_ours(netns)
             guest = await self._join(msg, link, policy, profile, netns, canary)
@@ -176,6 +203,7 @@ class Lifecycle:
             "ca": self.proxy.ca_cert_pem().decode(),
             "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
             "model_hosts": profile.model_hosts(),
+            "host_loopback": [f"{link.gateway}:{p}" for p in _loopback_ports(profile)],
         }
 
     async def _join(
@@ -216,6 +244,8 @@ class Lifecycle:
             pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
+            self.hostlo.start_guest(link, _loopback_ports(profile))
+            undo.append(lambda: self.hostlo.stop_guest(link))
             uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
             undo.append(uidlog.close)
             hold = await holding if holding is not None else None
@@ -315,6 +345,9 @@ class Lifecycle:
             guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
             if guest.proxy is not None:
                 guest.proxy.profile = profile
+            if self.hostlo.ports(guest.link) != _loopback_ports(profile):
+                self.hostlo.stop_guest(guest.link)
+                self.hostlo.start_guest(guest.link, _loopback_ports(profile))
             self.sink.emit(
                 Event(
                     kind=Kind.NOTICE,
@@ -392,6 +425,7 @@ class Lifecycle:
             t.mark("resolver")
             if guest.proxy is not None:
                 await loop.run_in_executor(None, self.proxy.stop_guest, guest.proxy)
+            await loop.run_in_executor(None, self.hostlo.stop_guest, guest.link)
             t.mark("proxy")
             with contextlib.suppress(SandgateError):
                 self.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile)))
@@ -580,6 +614,10 @@ def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
         nft.run(batch(*cmds))
     finally:
         nft.close()
+
+
+def _loopback_ports(profile: Profile) -> tuple[int, ...]:
+    return tuple(sorted({p for r in profile.host_loopback() if (p := r.spec.host_loopback)}))
 
 
 def _same_file(a: object, b: str) -> bool:
