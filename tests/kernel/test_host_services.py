@@ -36,7 +36,7 @@ UPLINK = GATEWAY_UPLINK.split("/")[0]
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         body = f"host loopback {self.server.server_address[1]}\n".encode()
         self.send_response(200)
         self.send_header("content-length", str(len(body)))

@@ -407,7 +407,10 @@ def _expose(b: _Builder, link: GuestLink, profile: Profile) -> None:
         sources = _match(_payload("ip", "saddr"), {"set": _prefixes(rule.sources)})
         port = _match(_payload("th", "dport"), rule.port)
         tcp = _match(_meta("l4proto"), "tcp")
-        b.rule(pre, sources, tcp, port, {"dnat": {"family": "ip", "addr": str(link.guest)}})
+        # Only what is sent to the gateway itself (its uplink address), not what passes by.
+        local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local")
+        dnat = {"dnat": {"family": "ip", "addr": str(link.guest)}}
+        b.rule(pre, sources, tcp, port, local, dnat)
         site = b.site(fwd, g, allow(Reason.EXPOSE, detail=str(rule)))
         b.rule(fwd, sources, tcp, port, site)
     ports = sorted({r.port for r in profile.expose})
