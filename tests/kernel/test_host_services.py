@@ -84,6 +84,7 @@ allow = [ {{ host_loopback = {host[0]}, name = "model server on the host" }} ]
 
 [profiles.orchestrator]
 internet = "locked"
+allow = [ {{ host_loopback = {host[0]}, name = "model server on the host" }} ]
 
 [[expose]]
 guest = "orchestrator"
@@ -198,3 +199,26 @@ def test_a_free_port_is_warned_about(tmp_path: Path) -> None:
 
     port = _free_port()
     assert unserved([port]) == [port]
+
+
+def test_prove_probes_both_from_the_guest_and_from_the_lan(hs: Runner, policy: Path) -> None:
+    from sandgate.prove.runner import ProveOptions, prove_on
+
+    result = prove_on(
+        hs.stack,
+        ProveOptions(
+            world="test",
+            policy=str(policy),
+            profile="orchestrator",
+            store=str(hs.store_path),
+        ),
+    )
+    rows = {r.probe: r for r in result.results}
+    assert not result.failed, result.failed
+    loopback = [r for r in rows.values() if r.probe.startswith("host loopback")]
+    assert sorted(r.expected for r in loopback) == ["allow", "deny"], loopback
+    inbound = {
+        r.probe.split(" from ")[1].split()[0]: r for r in rows.values() if r.group == "inbound"
+    }
+    assert inbound["model"].expected == "allow" and inbound["model"].result == "PASS"
+    assert inbound["nas"].expected == "deny" and inbound["nas"].result == "PASS"

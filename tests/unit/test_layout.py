@@ -28,6 +28,7 @@ EXPORTS = {
         "config", "control", "daemon", "dns", "guests", "integrity", "lifecycle", "logfeed",
         "logs", "manage", "proxy", "registry", "selfcheck", "server", "sink", "watchdog",
         "reload",
+        "hostlo",
     ],
     "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import sys
@@ -102,7 +103,7 @@ class Lifecycle:
                 public_override=self.public_override,
                 host_addresses=self.host_addresses,
             )
-        return policy.profile(
+        profile = policy.profile(
             msg.get("profile"),
             mode=Mode(msg["mode"]) if msg.get("mode") else None,
             extra_allow=msg.get("allow", ()),
@@ -112,6 +113,7 @@ class Lifecycle:
             guest_pool=self.pool,
             host_addresses=self.host_addresses,
         )
+        return self._held_elsewhere(link, profile)
 
     def check_wiring(self, policy: Policy) -> None:
         """A guest's policy that asks for another wiring than this gateway's is refused: the
@@ -139,19 +141,21 @@ class Lifecycle:
                     "this policy (sandgate up --policy FILE)",
                 )
 
-    def _check_expose(self, link: GuestLink, profile: Profile) -> None:
-        """One uplink port leads to one guest: a second guest of an exposed profile is refused
-        (before any of its parts is made)."""
-        mine = {r.port for r in profile.expose}
-        for other in self.table:
-            taken = mine & {r.port for r in other.profile.expose}
-            if taken and other.link.ifname != link.ifname:
-                raise SandgateError(
-                    f"port {', '.join(map(str, sorted(taken)))} is exposed to guest "
-                    f"{other.link.ifname} (profile {other.profile.name}) already: one uplink "
-                    "port leads to one guest",
-                    "stop that guest first, or run this one with another profile",
-                )
+    def _held_elsewhere(self, link: GuestLink, profile: Profile) -> Profile:
+        """One uplink port leads to one guest: the first guest of an exposed profile holds its
+        ports; another guest of that profile (a second session, prove's peer) joins without
+        the ports already held, and says so in its join event."""
+        held = {
+            r.port
+            for other in self.table
+            if other.link.ifname != link.ifname
+            for r in other.profile.expose
+        }
+        if not held & {r.port for r in profile.expose}:
+            return profile
+        return dataclasses.replace(
+            profile, expose=tuple(r for r in profile.expose if r.port not in held)
+        )
 
     # -- joining --------------------------------------------------------------------------------
 
@@ -164,7 +168,6 @@ class Lifecycle:
             policy = load_policy(msg.get("policy"))
             self.check_wiring(policy)
             profile = self.profile_for(msg, policy, link)
-            self._check_expose(link, profile)
             netns = msg["netns"]
             ns.check_ours(netns)
             guest = await self._join(msg, link, policy, profile, netns, canary)
@@ -186,6 +189,7 @@ class Lifecycle:
                     "profile": profile.name,
                     "mode": str(profile.mode),
                     "address": str(link.guest),
+                    **({"exposed": [r.port for r in profile.expose]} if profile.expose else {}),
                 },
             )
         )
