@@ -222,3 +222,14 @@ def test_prove_probes_both_from_the_guest_and_from_the_lan(hs: Runner, policy: P
     }
     assert inbound["model"].expected == "allow" and inbound["model"].result == "PASS"
     assert inbound["nas"].expected == "deny" and inbound["nas"].result == "PASS"
+
+
+def test_an_exposed_port_nobody_listens_on_is_warned_about(hs: Runner, policy: Path) -> None:
+    result = hs.sh("sleep 8", policy=str(policy), profile="orchestrator")
+    store = Store(hs.store_path)
+    try:
+        notices = store.events(session=result.session, kinds=[Kind.NOTICE])
+    finally:
+        store.close()
+    warned = [e for e in notices if e.details.get("port") == EXPOSED]
+    assert warned and "nothing listens" in warned[0].details["warning"], notices

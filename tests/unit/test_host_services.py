@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import textwrap
 from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
 
 import pytest
 
 from sandgate.errors import PolicyError
+from sandgate.gateway.hostlo import unserved
 from sandgate.net.compile import GuestLink, guest_add, guest_remove
 from sandgate.policy.decide import Attempt, decide, decide_inbound
 from sandgate.policy.load import parse_policy
@@ -142,3 +144,25 @@ def test_guest_remove_undoes_the_expose_parts() -> None:
         for kind, spec in body.items()
     }
     assert made <= removed, made - removed
+
+
+PROC_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:2CAA 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1
+   1: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2
+   2: 0E00C90A:23A7 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3
+   3: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 4
+"""
+PROC_TCP6 = """\
+  sl  local_address                         remote_address                        st
+   0: 00000000000000000000000000000000:04D2 00000000000000000000000000000000:0000 0A
+"""
+
+
+def test_unserved_reads_listeners_without_connecting(tmp_path: Path) -> None:
+    (tmp_path / "tcp").write_text(PROC_TCP)
+    (tmp_path / "tcp6").write_text(PROC_TCP6)
+    # 11434 on 127.0.0.1, 22 on 0.0.0.0, 1234 on [::]; 8080 is only an established flow.
+    assert unserved([11434, 22, 1234, 8080, 9127], tmp_path) == [8080, 9127]
+    # 9127 listens on 10.201.0.14 (a guest's own address), not on loopback.
+    assert unserved([9127, 11434], tmp_path, ("10.201.0.14",)) == [11434]

@@ -141,14 +141,16 @@ def _close(ls: _Listeners) -> None:
 # -- the host side ------------------------------------------------------------------------------
 
 
-def unserved(ports: Iterable[int], proc: Path = Path("/proc/net")) -> list[int]:
-    """The ports nothing listens on at this namespace's 127.0.0.1 (read from /proc/net/tcp and
-    tcp6, so checking sends nothing to the server)."""
+def unserved(
+    ports: Iterable[int], proc: Path = Path("/proc/net"), addresses: Iterable[str] = ("127.0.0.1",)
+) -> list[int]:
+    """The ports nothing listens on at ``addresses`` (or every address) in the namespace whose
+    ``/proc/.../net`` is ``proc``. Read from tcp and tcp6, so checking sends nothing."""
     listening: set[int] = set()
-    loopback4 = {"0100007F", "00000000"}
-    # [::] and ::ffff:127.0.0.1: a dual-stack listener takes 127.0.0.1 too.
-    loopback6 = {"0" * 32, "0000000000000000FFFF00000100007F"}
-    for name, local in (("tcp", loopback4), ("tcp6", loopback6)):
+    local4 = {"00000000", *(socket.inet_aton(a)[::-1].hex().upper() for a in addresses)}
+    # [::] and ::ffff:A.B.C.D: a dual-stack listener takes IPv4 too.
+    local6 = {"0" * 32, *(f"0000000000000000FFFF0000{h}" for h in local4 - {"00000000"})}
+    for name, local in (("tcp", local4), ("tcp6", local6)):
         with contextlib.suppress(OSError):
             for line in (proc / name).read_text().splitlines()[1:]:
                 parts = line.split()

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from sandgate.errors import SandgateError
@@ -26,7 +27,7 @@ from sandgate.gateway import registry
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.guests import Guest, GuestTable
-from sandgate.gateway.hostlo import HostLoopback
+from sandgate.gateway.hostlo import HostLoopback, unserved
 from sandgate.gateway.logfeed import LogFeed
 from sandgate.gateway.logs.prochold import ProcessHold
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
@@ -55,6 +56,7 @@ from sandgate.policy.load import Policy, load_policy
 from sandgate.policy.model import Mode
 from sandgate.policy.profile import Profile
 
+EXPOSE_LISTEN_GRACE = 5.0  # seconds a guest has to start listening on an exposed port
 NFLOG_SETTLE = 0.015  # our NFLOG groups flush their batches after 10 ms (timeout 1 cs)
 NetlinkCall = Callable[..., Awaitable[Any]]
 
@@ -141,6 +143,39 @@ class Lifecycle:
                     "this policy (sandgate up --policy FILE)",
                 )
 
+    async def _warn_unexposed(self, guest: Guest) -> None:
+        """A notice for each exposed port nothing in the guest listens on, a while after it
+        joined (its service needs a moment to start); LAN clients would meet its reset."""
+        await asyncio.sleep(EXPOSE_LISTEN_GRACE)
+        if self.table.get(guest.link.ifname) is not guest:
+            return
+        ports = [r.port for r in guest.profile.expose]
+        address = str(guest.link.guest)
+        loop = asyncio.get_running_loop()
+        try:
+            idle = await loop.run_in_executor(
+                None,
+                lambda: ns.run_in(
+                    guest.netns,
+                    lambda: unserved(ports, Path("/proc/thread-self/net"), (address,)),
+                ),
+            )
+        except Exception:  # the guest left meanwhile
+            return
+        for port in idle:
+            self.sink.emit(
+                Event(
+                    kind=Kind.NOTICE,
+                    session=guest.session,
+                    guest=guest.link.ifname,
+                    details={
+                        "warning": f"expose: nothing listens on port {port} of the guest "
+                        f"({address}); LAN clients the rule names are let in and refused there",
+                        "port": port,
+                    },
+                )
+            )
+
     def _held_elsewhere(self, link: GuestLink, profile: Profile) -> Profile:
         """One uplink port leads to one guest: the first guest of an exposed profile holds its
         ports; another guest of that profile (a second session, prove's peer) joins without
@@ -193,6 +228,10 @@ class Lifecycle:
                 },
             )
         )
+        if profile.expose:
+            task = asyncio.create_task(self._warn_unexposed(guest))
+            self._detaching.add(task)
+            task.add_done_callback(self._detaching.discard)
         return {
             "guest": link.ifname,
             "index": index,
