@@ -151,9 +151,9 @@ class RuleSpec(_Strict):
             )
         if v in GATEWAY_SERVICE_PORTS:
             raise ValueError(
-                f"port {v} on the gateway address is the gateway's own (DNS and the proxy use "
-                f"{', '.join(map(str, sorted(GATEWAY_SERVICE_PORTS)))}); run the server on "
-                "another port"
+                f"port {v} of the gateway address is the gateway's own "
+                f"({', '.join(map(str, sorted(GATEWAY_SERVICE_PORTS)))}: DNS and the proxy); "
+                "run the server on another port"
             )
         return v
 
