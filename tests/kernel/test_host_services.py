@@ -233,3 +233,18 @@ def test_an_exposed_port_nobody_listens_on_is_warned_about(hs: Runner, policy: P
         store.close()
     warned = [e for e in notices if e.details.get("port") == EXPOSED]
     assert warned and "nothing listens" in warned[0].details["warning"], notices
+
+
+def test_a_port_the_running_gateway_does_not_relay_is_refused_at_its_line(
+    hs: Runner, tmp_path: Path, host: tuple[int, int]
+) -> None:
+    from sandgate.errors import SandgateError
+
+    other = tmp_path / "other.toml"
+    other.write_text(f"[profiles.agent]\nallow = [\n  {{ host_loopback = {host[1]} }},\n]\n")
+    other.chmod(0o644)
+    tmp_path.chmod(0o755)
+    with pytest.raises(SandgateError) as caught:  # the daemon's refusal, through its socket
+        hs.sh("true", policy=str(other))
+    assert f"other.toml:3:3: host_loopback {host[1]} is not relayed" in str(caught.value)
+    assert "sandgate down" in str(caught.value)
