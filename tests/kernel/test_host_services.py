@@ -192,6 +192,13 @@ def test_expose_admits_the_named_lan_client_only(hs: Runner, policy: Path) -> No
     assert any(e.src == MODEL and e.reason == "allow.expose" for e in inbound), inbound
     assert any(e.src == NAS and e.reason == "deny.inbound" for e in inbound), inbound
     assert any(e.port == EXPOSED + 1 and e.reason == "deny.inbound" for e in inbound), inbound
+    # The guest left: its forward left with it (the maps are empty again, its chains gone).
+    ruleset = subprocess.run(
+        ["nsenter", f"--net=/proc/{hs.stack.gateway.pid}/ns/net", "nft", "list", "table", "inet",
+         "sandgate"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "xpre_g" not in ruleset and "xfwd_g" not in ruleset, ruleset
 
 
 def test_a_free_port_is_warned_about(tmp_path: Path) -> None:
