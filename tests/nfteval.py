@@ -66,8 +66,9 @@ class Packet:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # "accept" | "drop" | "reject" | "redirect" | "proxy"
+    kind: str  # "accept" | "drop" | "reject" | "redirect" | "proxy" | "dnat"
     site: str | None  # the verdict chain (or inline mark) that decided, if any
+    to: IPv4Address | None = None  # a dnat's new destination
 
 
 @dataclass
@@ -152,11 +153,10 @@ class Ruleset:
         DNAT), then forward (to where it was sent, or DNATed to), or input (``local``: the
         gateway's uplink address). Does it get through, which verdict said so, and where to."""
         self.last_mark = None
-        self.dnat_to: IPv4Address | None = None
         pre = self.run_base("prerouting", pkt, local)
         if pre.kind == "dnat":
-            assert self.dnat_to is not None
-            pkt = replace(pkt, daddr=self.dnat_to, dnat=True)
+            assert pre.to is not None
+            pkt = replace(pkt, daddr=pre.to, dnat=True)
         hook = "input" if pkt.daddr in local else "forward"
         got = self.run_base(hook, pkt, local)
         return got.kind == "accept", got, pkt.daddr
@@ -215,8 +215,7 @@ class Ruleset:
             elif key == "masquerade":
                 return None
             elif key == "dnat" and set(arg) == {"family", "addr"} and arg["family"] == "ip":
-                self.dnat_to = IPv4Address(arg["addr"])
-                return Verdict(key, site)
+                return Verdict(key, site, IPv4Address(arg["addr"]))
             else:
                 raise Unknown(f"statement {stmt}")
         return None

@@ -37,7 +37,8 @@ UPLINK = GATEWAY_UPLINK.split("/")[0]
 
 class _Hello(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = f"host loopback {self.server.server_address[1]}\n".encode()
+        port = self.connection.getsockname()[1]
+        body = f"host loopback {port}\n".encode()
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
