@@ -380,7 +380,15 @@ def _inbound(
 
     assert stack.world is not None
     uplink = stack.world.uplink.address.split("/", maxsplit=1)[0]
-    probes = inbound_catalogue(profile, uplink, LAN_CLIENTS)
+    # The clients this world has (another world may name its LAN hosts otherwise).
+    spaces = {
+        role: n
+        for role in LAN_CLIENTS
+        for n in stack.world.namespaces
+        if n.endswith(f"-{role}")
+    }
+    clients = {role: a for role, a in LAN_CLIENTS.items() if role in spaces}
+    probes = inbound_catalogue(profile, uplink, clients)
     if not probes:
         return []
     s = Store(store) if store else Store()
@@ -390,9 +398,8 @@ def _inbound(
     finally:
         s.close()
     observed: dict[str, dict[str, Any]] = {}
-    for role in LAN_CLIENTS:
+    for role, netns in spaces.items():
         mine = [p for p in probes if p.args["from"] == role]
-        netns = next(n for n in stack.world.namespaces if n.endswith(f"-{role}"))
         probes_file, out = work / f"inbound-{role}.json", work / f"inbound-{role}.jsonl"
         probes_file.write_text(json.dumps([p.as_driver() for p in mine]))
         subprocess.run(
