@@ -52,6 +52,7 @@ class Packet:
     saddr: IPv4Address | None = None  # the IPv4 source, or an ARP packet's sender address
     smac: str | None = None
     ethertype: str = "ip"  # "ip" | "arp" | "ip6" | "vlan" ...
+    dnat: bool = False  # conntrack's "ct status dnat": prerouting rewrote the destination
 
     def on(self, link: GuestLink) -> Packet:
         """This packet with its unset fields filled in from the link it is sent on."""
@@ -65,8 +66,9 @@ class Packet:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # "accept" | "drop" | "reject" | "redirect" | "proxy"
+    kind: str  # "accept" | "drop" | "reject" | "redirect" | "proxy" | "dnat"
     site: str | None  # the verdict chain (or inline mark) that decided, if any
+    to: IPv4Address | None = None  # a dnat's new destination
 
 
 @dataclass
@@ -144,6 +146,21 @@ class Ruleset:
         got = self.run_base(hook, pkt, local)
         return got.kind == "accept", got
 
+    def judge_inbound(
+        self, pkt: Packet, local: set[IPv4Address]
+    ) -> tuple[bool, Verdict, IPv4Address]:
+        """A new packet arriving on the uplink (``pkt.iifname``): prerouting (an expose rule's
+        DNAT), then forward (to where it was sent, or DNATed to), or input (``local``: the
+        gateway's uplink address). Does it get through, which verdict said so, and where to."""
+        self.last_mark = None
+        pre = self.run_base("prerouting", pkt, local)
+        if pre.kind == "dnat":
+            assert pre.to is not None
+            pkt = replace(pkt, daddr=pre.to, dnat=True)
+        hook = "input" if pkt.daddr in local else "forward"
+        got = self.run_base(hook, pkt, local)
+        return got.kind == "accept", got, pkt.daddr
+
     def run_base(self, name: str, pkt: Packet, local: set[IPv4Address]) -> Verdict:
         got = self.run(name, pkt, local, None)
         if got is not None:
@@ -186,7 +203,9 @@ class Ruleset:
                 if key == "goto":
                     raise Unknown(f"goto {arg['target']} fell through")
             elif key == "vmap":
-                target = self.maps[arg["data"].lstrip("@")].get(self.value(arg["key"], pkt, local))
+                value = self.value(arg["key"], pkt, local)
+                vmap = self.maps[arg["data"].lstrip("@")]
+                target = next((v for k, v in vmap.items() if elem_has(k, value)), None)
                 if target is not None:
                     return self.rule([target], pkt, local, site)
             elif key in ("accept", "drop", "reject"):
@@ -195,6 +214,8 @@ class Ruleset:
                 return Verdict(key, site or self.last_mark)
             elif key == "masquerade":
                 return None
+            elif key == "dnat" and set(arg) == {"family", "addr"} and arg["family"] == "ip":
+                return Verdict(key, site, IPv4Address(arg["addr"]))
             else:
                 raise Unknown(f"statement {stmt}")
         return None
@@ -223,7 +244,7 @@ class Ruleset:
                 "nfproto": "ipv4",
             }[arg["key"]]
         elif key == "ct":
-            return {"state": "new", "mark": 0}[arg["key"]]
+            return {"state": "new", "mark": 0, "status": "dnat" if pkt.dnat else None}[arg["key"]]
         elif key == "&":
             a, b = arg
             return self.value(a, pkt, local) & b

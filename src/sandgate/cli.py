@@ -707,6 +707,16 @@ def policy_check(
         print(json.dumps({"file": str(path), "ok": True, "profiles": list(pol.file.profiles)}))
     else:
         out.print(f"[green]ok[/green] {path}: profiles {profiles}", highlight=False)
+    # host_loopback (issue 10): a port nothing listens on here yet is worth a warning.
+    from sandgate.gateway.hostlo import unserved
+
+    for port in unserved(pol.host_loopback_ports()):
+        err.print(
+            f"warning: host_loopback {port}: nothing listens on 127.0.0.1:{port} of this host "
+            "(yet); guests' connections fail until the server runs",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _export(

@@ -11,7 +11,11 @@ resolves NAME, then connects to its address on PORT", four answers must agree:
 * ``decide()`` for the same attempt with the name (the kernel cannot see the name: the pins
   are how it knows), and the TLS gate's verdict on the ClientHello's name;
 * the proxy's judgement (it resolves the name and dials only the address it checked);
-* the never-rules: no decision ever lets a guest reach another guest.
+* the never-rules: no decision ever lets a guest reach another guest;
+* inbound, from the uplink: ``decide_inbound()`` and the ruleset (expose rules' DNAT and
+  forward sites) agree for every LAN client, port and protocol, and only ever lead to the
+  guest the rule names; host-loopback ports are the only other ports of the gateway a guest
+  reaches.
 
 Each name has an address of its own here, so a pinned address stands for one name. Where two
 names share an address, or the guest connects to a pinned address by number, the kernel is
@@ -36,7 +40,7 @@ from sandgate.gateway.dns.resolver import GuestDNS, Resolver
 from sandgate.gateway.proxy.flow import judge
 from sandgate.net.compile import GuestLink, base_ruleset, guest_add, pin_set
 from sandgate.policy import dnsnames
-from sandgate.policy.decide import Attempt, decide, decide_answer, decide_name
+from sandgate.policy.decide import Attempt, decide, decide_answer, decide_inbound, decide_name
 from sandgate.policy.load import parse_policy
 from sandgate.policy.model import Protocol
 from sandgate.policy.pins import pin_rules
@@ -99,13 +103,31 @@ net_rule = st.builds(
 )
 
 
+HOST_LOOPBACK = (11434, 1234, 8080)  # Ollama, LM Studio, and a port attempts also use
+LAN_CLIENTS = ("10.77.0.10", "10.77.0.20", "10.77.0.30", "192.168.1.10", "203.0.113.30")
+EXPOSE_FROM = ("10.77.0.10", "10.77.0.0/24", "192.168.1.10", "192.168.1.0/30")
+EXPOSE_PORTS = (9119, 8080, 22)
+loopback_rule = st.builds(lambda p: f"{{ host_loopback = {p} }}", st.sampled_from(HOST_LOOPBACK))
+expose_rule = st.builds(
+    lambda port, sources: f"{{ guest = \"p\", port = {port}, from = {list(sources)!r} }}".replace(
+        "'", '"'
+    ),
+    st.sampled_from(EXPOSE_PORTS),
+    st.lists(st.sampled_from(EXPOSE_FROM), min_size=1, max_size=2, unique=True),
+)
+
+
 @st.composite
 def policies(draw: st.DrawFn) -> tuple[Profile, GuestLink]:
     pool = draw(st.sampled_from(POOLS))
     mode = draw(st.sampled_from(("locked", "open", "allowlist")))
-    allow = draw(st.lists(st.one_of(domain_rule, net_rule), max_size=5, unique=True))
+    allow = draw(
+        st.lists(st.one_of(domain_rule, net_rule, loopback_rule), max_size=5, unique=True)
+    )
     deny = draw(st.lists(st.one_of(domain_rule, net_rule), max_size=3, unique=True))
+    expose = draw(st.lists(expose_rule, max_size=2, unique=True))
     text = (
+        f'expose = [{", ".join(expose)}]\n'
         f'[gateway]\nguest_pool = "{pool}"\n[profiles.p]\ninternet = "{mode}"\n'
         f"allow = [{', '.join(allow)}]\ndeny = [{', '.join(deny)}]\n"
     )
@@ -126,9 +148,13 @@ class World:
 
     def __init__(self, profile: Profile, link: GuestLink) -> None:
         self.profile, self.link = profile, link
-        base, _ = base_ruleset("up0", profile.guest_pool, public_override=TEST_INTERNET)
-        guest, _ = guest_add(link, profile)
+        base, base_sites = base_ruleset("up0", profile.guest_pool, public_override=TEST_INTERNET)
+        guest, guest_sites = guest_add(link, profile)
         self.ruleset = Ruleset(base + guest)
+        # Verdict chains by name (their counter without "c_"), as the NFLOG reader finds them.
+        self.sites = {
+            s.counter.removeprefix("c_"): s for s in {**base_sites, **guest_sites}.values()
+        }
         self.pinned: list[tuple[str, tuple[str, ...]]] = []
         self.resolver = Resolver([], lambda key, event: None, self._pin)
         self.dns = GuestDNS(link, None, profile, "p")
@@ -241,17 +267,60 @@ def test_no_policy_reaches_another_guest(
 @given(
     policies(),
     st.sampled_from(("tcp", "udp")),
-    st.sampled_from((53, 3128, 15080, 15443, 22, 8080)),
+    st.sampled_from((53, 3128, 15080, 15443, 22, 8080, 11434, 1234)),
 )
 def test_the_gateways_own_ports(pol: tuple[Profile, GuestLink], proto: str, port: int) -> None:
     """Resolver and proxy are reached whatever the rules say (a deny of 10.0.0.0/8 included);
+    a host-loopback rule's port only over TCP and unless a deny rule covers the gateway;
     every other port of the gateway never is."""
     profile, link = pol
     d = decide(profile, Attempt(Protocol(proto), link.gateway, port))
-    reached = World(profile, link).kernel(str(link.gateway), proto, port)
+    world = World(profile, link)
+    reached = world.kernel(str(link.gateway), proto, port)
     assert reached == d.allowed, (proto, port, d.key)
     service = port == 53 or (proto == "tcp" and port in (3128, 15080, 15443))
-    assert d.allowed == service, (proto, port, d.key)
+    loopback = proto == "tcp" and port in {r.spec.host_loopback for r in profile.host_loopback()}
+    denied = any(
+        r.matches_address(link.gateway, port, Protocol(proto)) for r in profile.deny
+    )
+    assert d.allowed == (service or (loopback and not denied)), (proto, port, d.key)
+    if d.allowed and not service:
+        assert d.key == "allow.host_loopback"
+        _, verdict = world.ruleset.judge(
+            Packet(link.gateway, proto, port, link.ifname), {link.gateway}, link.gateway
+        )
+        assert verdict.site is not None and verdict.site.startswith(f"in_{link.ifname}_")
+
+
+UPLINK, UPLINK_ADDRESS = "up0", IPv4Address("10.77.0.2")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    policies(),
+    st.sampled_from(LAN_CLIENTS),
+    st.sampled_from(("tcp", "udp")),
+    st.sampled_from((*EXPOSE_PORTS, 9120, 53)),
+)
+def test_inbound_agrees(
+    pol: tuple[Profile, GuestLink], client: str, proto: str, port: int
+) -> None:
+    """A LAN client's new connection to the gateway's uplink address: decide_inbound() and the
+    ruleset agree, the ruleset logs decide_inbound()'s reason, and what gets in gets only to
+    this guest, on the port the client asked for."""
+    profile, link = pol
+    world = World(profile, link)
+    source = IPv4Address(client)
+    d = decide_inbound(profile, source, Protocol(proto), port)
+    pkt = Packet(UPLINK_ADDRESS, proto, port, UPLINK, saddr=source)
+    reached, verdict, landed = world.ruleset.judge_inbound(pkt, {UPLINK_ADDRESS, link.gateway})
+    assert reached == d.allowed, (client, proto, port, d.key, verdict)
+    assert world.sites[verdict.site or ""].reason == d.key, (verdict, d.key)
+    if reached:
+        assert landed == link.guest
+    # The guest's own address is no way in either (nothing is routed to it unasked).
+    direct = Packet(link.guest, proto, port, UPLINK, saddr=source)
+    assert not world.ruleset.judge_inbound(direct, {UPLINK_ADDRESS, link.gateway})[0]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])

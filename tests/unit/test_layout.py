@@ -29,6 +29,7 @@ EXPORTS = {
         "logs", "manage", "proxy", "registry", "selfcheck", "server", "sink", "watchdog",
         "reload",
         "handed",
+        "hostlo",
     ],
     "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],

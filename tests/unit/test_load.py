@@ -78,7 +78,7 @@ CASES = [
         alow = [ { domain = "pypi.org" } ]
         [profiles.coder]
         """,
-        [Want(1, 1, "unknown key 'alow'", "known keys here: gateway, profiles, version")],
+        [Want(1, 1, "unknown key 'alow'", "known keys here: expose, gateway, profiles, version")],
         id="unknown-top-level",
     ),
     pytest.param(

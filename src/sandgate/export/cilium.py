@@ -26,6 +26,7 @@ from typing import Any
 from sandgate.export import space
 from sandgate.export.unexpressed import Unexpressed, at_key, at_rule
 from sandgate.policy.load import Policy
+from sandgate.policy.locate import find
 from sandgate.policy.model import Mode, Protocol
 from sandgate.policy.patterns import DomainPattern
 from sandgate.policy.profile import Profile, Rule
@@ -205,6 +206,24 @@ def _gateway_features(policy: Policy, profile: Profile) -> list[Unexpressed]:
             at_key(
                 policy, profile.name, "front", "front", "dropped",
                 "fronts are served by the gateway itself; the export has no gateway",
+            )
+        )  # fmt: skip
+    for rule in profile.host_loopback():
+        found.append(
+            at_rule(
+                policy, rule.ref, "host-loopback", "dropped",
+                "a port of the gateway host's own loopback is relayed by the gateway; a pod "
+                "has no such host",
+            )
+        )  # fmt: skip
+    for e in profile.expose:
+        pos = find(policy.positions, ("expose", int(e.ref.removeprefix("expose[")[:-1])))
+        found.append(
+            Unexpressed(
+                "expose", "dropped",
+                f"{e} forwards through the gateway's uplink; use a Service (and an ingress "
+                "policy) for the pod",
+                None, policy.source, pos[0] if pos else None,
             )
         )  # fmt: skip
     if ("profiles", profile.name, "tunnels") in policy.positions:

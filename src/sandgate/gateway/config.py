@@ -36,6 +36,7 @@ class GatewayConfig:
     host_addresses: tuple[str, ...] = ()  # the host's own addresses: no guest reaches them
     # A gateway VM (uplink kind "handed"): its guest links, (interface, profile) in slot order.
     guest_links: tuple[tuple[str, str], ...] = ()
+    host_loopback: tuple[int, ...] = ()  # ports of the host's 127.0.0.1 relayed (gateway/hostlo)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -46,6 +47,11 @@ class GatewayConfig:
     def handed(self) -> bool:
         """On a gateway VM: links handed to it, tables that outlive the daemon."""
         return self.uplink.kind == "handed"
+
+    @property
+    def hostlo_dir(self) -> Path:
+        """The Unix sockets to the host side of the host-loopback relay (gateway/hostlo.py)."""
+        return self.run_dir / "hostlo"
 
     @property
     def control_path(self) -> Path:
@@ -63,6 +69,7 @@ class GatewayConfig:
         raw["extra_ca"] = tuple(raw.get("extra_ca", ()))
         raw["host_addresses"] = tuple(raw.get("host_addresses", ()))
         raw["guest_links"] = tuple((str(a), str(b)) for a, b in raw.get("guest_links", ()))
+        raw["host_loopback"] = tuple(raw.get("host_loopback", ()))
         return cls(**raw)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import sys
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from sandgate.errors import SandgateError
@@ -25,6 +27,7 @@ from sandgate.gateway import registry
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.guests import Guest, GuestTable
+from sandgate.gateway.hostlo import HostLoopback, unserved
 from sandgate.gateway.logfeed import LogFeed
 from sandgate.gateway.logs.prochold import ProcessHold
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
@@ -53,6 +56,7 @@ from sandgate.policy.load import Policy, load_policy
 from sandgate.policy.model import Mode
 from sandgate.policy.profile import Profile
 
+EXPOSE_LISTEN_GRACE = 5.0  # seconds a guest has to start listening on an exposed port
 NFLOG_SETTLE = 0.015  # our NFLOG groups flush their batches after 10 ms (timeout 1 cs)
 NetlinkCall = Callable[..., Awaitable[Any]]
 
@@ -81,6 +85,7 @@ class Lifecycle:
         self.pool = table.pool
         self.public_override = tuple(ipaddress.ip_network(n) for n in cfg.public_override)
         self.host_addresses = tuple(ipaddress.ip_address(a) for a in cfg.host_addresses)
+        self.hostlo = HostLoopback(cfg.hostlo_dir, cfg.host_loopback)
         self._lock = asyncio.Lock()
         self._detaching: set[asyncio.Task[None]] = set()
         self.canary_worker: ns.NsThread | None = None
@@ -100,7 +105,7 @@ class Lifecycle:
                 public_override=self.public_override,
                 host_addresses=self.host_addresses,
             )
-        return policy.profile(
+        profile = policy.profile(
             msg.get("profile"),
             mode=Mode(msg["mode"]) if msg.get("mode") else None,
             extra_allow=msg.get("allow", ()),
@@ -110,6 +115,7 @@ class Lifecycle:
             guest_pool=self.pool,
             host_addresses=self.host_addresses,
         )
+        return self._held_elsewhere(link, profile)
 
     def check_wiring(self, policy: Policy) -> None:
         """A guest's policy that asks for another wiring than this gateway's is refused: the
@@ -126,6 +132,65 @@ class Lifecycle:
                     f"stop it (sandgate down --instance {self.cfg.instance}) and start it with "
                     "this policy (sandgate up --policy FILE), or drop the key",
                 )
+        for port in policy.host_loopback_ports():
+            if port not in self.cfg.host_loopback:
+                raise policy.host_loopback_problem(
+                    port,
+                    f"host_loopback {port} is not relayed by the running gateway "
+                    f"'{self.cfg.instance}' (it relays {list(self.cfg.host_loopback) or 'none'}, "
+                    f"from {self.cfg.policy or 'its start'})",
+                    f"stop it (sandgate down --instance {self.cfg.instance}) and start it with "
+                    "this policy (sandgate up --policy FILE)",
+                )
+
+    async def _warn_unexposed(self, guest: Guest) -> None:
+        """A notice for each exposed port nothing in the guest listens on, a while after it
+        joined (its service needs a moment to start); LAN clients would meet its reset."""
+        await asyncio.sleep(EXPOSE_LISTEN_GRACE)
+        if self.table.get(guest.link.ifname) is not guest:
+            return
+        ports = [r.port for r in guest.profile.expose]
+        address = str(guest.link.guest)
+        loop = asyncio.get_running_loop()
+        try:
+            idle = await loop.run_in_executor(
+                None,
+                lambda: ns.run_in(
+                    guest.netns,
+                    lambda: unserved(ports, Path("/proc/thread-self/net"), (address,)),
+                ),
+            )
+        except Exception:  # the guest left meanwhile
+            return
+        for port in idle:
+            self.sink.emit(
+                Event(
+                    kind=Kind.NOTICE,
+                    session=guest.session,
+                    guest=guest.link.ifname,
+                    details={
+                        "warning": f"expose: nothing listens on port {port} of the guest "
+                        f"({address}); LAN clients the rule names are let in and refused there",
+                        "port": port,
+                    },
+                )
+            )
+
+    def _held_elsewhere(self, link: GuestLink, profile: Profile) -> Profile:
+        """One uplink port leads to one guest: the first guest of an exposed profile holds its
+        ports; another guest of that profile (a second session, prove's peer) joins without
+        the ports already held, and says so in its join event."""
+        held = {
+            r.port
+            for other in self.table
+            if other.link.ifname != link.ifname
+            for r in other.profile.expose
+        }
+        if not held & {r.port for r in profile.expose}:
+            return profile
+        return dataclasses.replace(
+            profile, expose=tuple(r for r in profile.expose if r.port not in held)
+        )
 
     # -- joining --------------------------------------------------------------------------------
 
@@ -166,9 +231,14 @@ class Lifecycle:
                     "profile": profile.name,
                     "mode": str(profile.mode),
                     "address": str(link.guest),
+                    **({"exposed": [r.port for r in profile.expose]} if profile.expose else {}),
                 },
             )
         )
+        if profile.expose:
+            task = asyncio.create_task(self._warn_unexposed(guest))
+            self._detaching.add(task)
+            task.add_done_callback(self._detaching.discard)
         return {
             "guest": link.ifname,
             "index": index,
@@ -183,6 +253,7 @@ class Lifecycle:
             "ca": self.proxy.ca_cert_pem().decode(),
             "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
             "model_hosts": profile.model_hosts(),
+            "host_loopback": [f"{link.gateway}:{p}" for p in _loopback_ports(profile)],
         }
 
     async def _join(
@@ -230,6 +301,8 @@ class Lifecycle:
             pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
+            self.hostlo.start_guest(link, _loopback_ports(profile))
+            undo.append(lambda: self.hostlo.stop_guest(link))
             if not handed:
                 uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
                 undo.append(uidlog.close)
@@ -331,6 +404,9 @@ class Lifecycle:
             guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
             if guest.proxy is not None:
                 guest.proxy.profile = profile
+            if self.hostlo.ports(guest.link) != _loopback_ports(profile):
+                self.hostlo.stop_guest(guest.link)
+                self.hostlo.start_guest(guest.link, _loopback_ports(profile))
             self.sink.emit(
                 Event(
                     kind=Kind.NOTICE,
@@ -408,6 +484,7 @@ class Lifecycle:
             t.mark("resolver")
             if guest.proxy is not None:
                 await loop.run_in_executor(None, self.proxy.stop_guest, guest.proxy)
+            await loop.run_in_executor(None, self.hostlo.stop_guest, guest.link)
             t.mark("proxy")
             with contextlib.suppress(SandgateError):
                 self.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile)))
@@ -599,6 +676,10 @@ def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
         nft.run(batch(*cmds))
     finally:
         nft.close()
+
+
+def _loopback_ports(profile: Profile) -> tuple[int, ...]:
+    return tuple(sorted({p for r in profile.host_loopback() if (p := r.spec.host_loopback)}))
 
 
 def _same_file(a: object, b: str) -> bool:

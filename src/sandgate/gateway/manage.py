@@ -30,6 +30,7 @@ class GatewayHandle:
     control: Path
     proc: subprocess.Popen[bytes] | None = None  # set when we started it
     pasta: subprocess.Popen[bytes] | None = None  # the real uplink, when we started one
+    hostlo: subprocess.Popen[bytes] | None = None  # the host side of host_loopback rules
 
     @property
     def netns(self) -> str:
@@ -89,13 +90,51 @@ def start(cfg: GatewayConfig, env: dict[str, str] | None = None) -> GatewayHandl
     for note in limits.protect_gateway(cfg.instance, proc.pid):
         with open(log_path, "a") as f:
             f.write(f"sandgate: gateway protection: {note}\n")
-    if cfg.uplink.kind == "pasta":
-        try:
+    try:
+        if cfg.uplink.kind == "pasta":
             handle.pasta = start_pasta(handle.pid, cfg.uplink.ifname, log_path)
-        except BaseException:
-            stop(handle)
-            raise
+        if cfg.host_loopback:
+            handle.hostlo = start_host_side(cfg, handle.pid, log_path)
+    except BaseException:
+        stop(handle)
+        raise
     return handle
+
+
+def start_host_side(cfg: GatewayConfig, daemon: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """The host side of the host-loopback relay (gateway/hostlo.py), in this (the host's)
+    namespace; warns for a port nothing listens on yet (the relay serves it once it does)."""
+    from sandgate.gateway import hostlo
+
+    for port in hostlo.unserved(cfg.host_loopback):
+        sys.stderr.write(
+            f"sandgate: warning: host_loopback {port}: nothing listens on 127.0.0.1:{port} of "
+            "this host; guests' connections fail until the server runs (e.g. `ollama serve`)\n"
+        )
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandgate.gateway.hostlo",
+            str(cfg.hostlo_dir),
+            str(daemon),
+            *map(str, cfg.host_loopback),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    log.close()
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT)
+    if not ready or not proc.stdout.readline().startswith(b"READY"):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+        raise GatewayError("the host side of host_loopback did not start", f"see {log_path}")
+    return proc
 
 
 PASTA_READY_TIMEOUT = 10.0
@@ -212,13 +251,14 @@ def stop(handle: GatewayHandle, timeout: float = 10.0) -> None:
     finally:
         with contextlib.suppress(OSError):
             limits.release_gateway(handle.instance)
-        if handle.pasta is not None and handle.pasta.poll() is None:
-            handle.pasta.terminate()
-            try:
-                handle.pasta.wait(3)
-            except subprocess.TimeoutExpired:
-                handle.pasta.kill()
-                handle.pasta.wait()
+        for helper in (handle.pasta, handle.hostlo):
+            if helper is not None and helper.poll() is None:
+                helper.terminate()
+                try:
+                    helper.wait(3)
+                except subprocess.TimeoutExpired:
+                    helper.kill()
+                    helper.wait()
 
 
 def _wait_gone(handle: GatewayHandle, timeout: float) -> bool:

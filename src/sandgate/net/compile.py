@@ -217,6 +217,10 @@ def base_ruleset(
     b.add("map", name="fwd", type="ifname", map="verdict")
     b.add("map", name="in", type="ifname", map="verdict")
     b.add("set", name="inspect4", type=["ifname", "ipv4_addr"], flags=["timeout"])
+    # Inbound forwards (expose): the uplink port → the guest's chain that DNATs it, and the
+    # guest's address → its chain that admits the forwarded flow. Filled per guest.
+    b.add("map", name="xpre", type="inet_service", map="verdict")
+    b.add("map", name="xfwd", type="ipv4_addr", map="verdict")
     # Refused, not dropped: ICMP "administratively prohibited" for every protocol. A client
     # fails at once (no route to host), and can tell the gateway's refusal from the far end's
     # (a TCP reset, connection refused): what `sandgate prove` relies on.
@@ -239,6 +243,12 @@ def base_ruleset(
     b.rule("forward", _ct_state("invalid"), invalid)
     b.rule("forward", _match(_meta("nfproto"), "ipv6"), ipv6)
     b.rule("forward", {"vmap": {"key": _meta("iifname"), "data": "@fwd"}})
+    b.rule(
+        "forward",
+        _match(_meta("iifname"), uplink),
+        _match({"ct": {"key": "status"}}, "dnat", op="in"),
+        {"vmap": {"key": _payload("ip", "daddr"), "data": "@xfwd"}},
+    )
     b.rule("forward", _match(_meta("iifname"), uplink), inbound)
     b.rule("forward", unknown)
 
@@ -259,6 +269,12 @@ def base_ruleset(
     not_local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local", op="!=")
     b.rule("prerouting", *dns, not_local, *b.mark(None, deny(Reason.DNS_REDIRECT)))
     b.rule("prerouting", *dns, {"redirect": {"port": 53}})
+    b.rule(
+        "prerouting",
+        _match(_meta("iifname"), uplink),
+        _match(_meta("l4proto"), "tcp"),
+        {"vmap": {"key": _payload("th", "dport"), "data": "@xpre"}},
+    )
     # Plain HTTP goes to the proxy, which judges every request's Host. TLS stays in the kernel,
     # its ClientHello held for a verdict on the SNI (the TLS gate, net/iptables.py), except
     # where the gateway must speak TLS itself: to its own address (fronted services) and to
@@ -378,6 +394,16 @@ def guest_add(
     for rule in profile.deny:
         if rule.spec.network is not None and rule.spec.network.version == 4:
             b.rule(inp, *_rule_match(rule), b.site(inp, g, deny(Reason.RULE_DENY, rule=rule)))
+    # A port of the host's own loopback, relayed by the gateway (gateway/hostlo.py): after
+    # the deny rules, as decide() judges it.
+    for rule in profile.host_loopback():
+        b.rule(
+            inp,
+            own,
+            _match(_meta("l4proto"), "tcp"),
+            _match(_payload("th", "dport"), rule.spec.host_loopback),
+            b.site(inp, g, allow(Reason.HOST_LOOPBACK, rule)),
+        )
     b.rule(inp, own, b.site(inp, g, deny(Reason.GATEWAY_PORT)))
     if host:  # through pasta the gateway holds the host's own address
         b.rule(inp, *host, b.site(inp, g, deny(Reason.HOST)))
@@ -385,9 +411,34 @@ def guest_add(
 
     b.add("element", name="fwd", elem=[[g, {"jump": {"target": fwd}}]])
     b.add("element", name="in", elem=[[g, {"jump": {"target": inp}}]])
+    if profile.expose:
+        _expose(b, link, profile)
     cmds = b.cmds
     nd_cmds, nd_sites = _guest_ingress(link, limits)
     return cmds + nd_cmds, {**b.sites, **nd_sites}
+
+
+def _expose(b: _Builder, link: GuestLink, profile: Profile) -> None:
+    """Inbound forwards to this guest: its exposed ports, from the clients each rule names,
+    are DNATed to the guest (prerouting) and admitted (forward); any other client meets the
+    uplink's ``deny.inbound`` like everything else that comes in unasked."""
+    g = link.ifname
+    pre, fwd = f"xpre_{g}", f"xfwd_{g}"
+    b.add("chain", name=pre)
+    b.add("chain", name=fwd)
+    for rule in profile.expose:
+        sources = _match(_payload("ip", "saddr"), {"set": _prefixes(rule.sources)})
+        port = _match(_payload("th", "dport"), rule.port)
+        tcp = _match(_meta("l4proto"), "tcp")
+        # Only what is sent to the gateway itself (its uplink address), not what passes by.
+        local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local")
+        dnat = {"dnat": {"family": "ip", "addr": str(link.guest)}}
+        b.rule(pre, sources, tcp, port, local, dnat)
+        site = b.site(fwd, g, allow(Reason.EXPOSE, detail=str(rule)))
+        b.rule(fwd, sources, tcp, port, site)
+    ports = sorted({r.port for r in profile.expose})
+    b.add("element", name="xpre", elem=[[p, {"jump": {"target": pre}}] for p in ports])
+    b.add("element", name="xfwd", elem=[[str(link.guest), {"jump": {"target": fwd}}]])
 
 
 def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[str, Site]]:
@@ -424,6 +475,9 @@ def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[st
     return b.cmds, b.sites
 
 
+_inet = {"family": "inet", "table": TABLE}
+
+
 def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> list[Json]:
     """Commands that remove everything ``guest_add`` made for this guest (one batch)."""
     g = link.ifname
@@ -432,6 +486,13 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
         {"delete": {"element": {"family": "inet", "table": TABLE, "name": "in", "elem": [g]}}},
     ]
     chains = {"inet": [f"fwd_{g}", f"in_{g}"], "netdev": [f"ing_{g}"]}
+    if profile.expose:
+        ports = sorted({r.port for r in profile.expose})
+        cmds += [
+            {"delete": {"element": {**_inet, "name": "xpre", "elem": ports}}},
+            {"delete": {"element": {**_inet, "name": "xfwd", "elem": [str(link.guest)]}}},
+        ]
+        chains["inet"] += [f"xpre_{g}", f"xfwd_{g}"]
     counters: dict[str, list[str]] = {"inet": [], "netdev": []}
     for site in sites:
         fam = "netdev" if site.guest and site.guest.endswith("/l2") else "inet"

@@ -8,7 +8,9 @@ Order of judgement (first match wins):
  1. DNS (port 53) goes to the guest's own gateway resolver, never elsewhere (the gateway
     redirects it before any rule is consulted; names are then judged by the resolver), and
     the guest's own gateway proxy is reached (its requests are judged there);
- 2. an explicit ``deny`` rule (deny wins over every allow);
+ 2. an explicit ``deny`` rule (deny wins over every allow); then a ``host_loopback`` rule's port
+    on the guest's own gateway address (the gateway relays it to that port of the host's
+    127.0.0.1, gateway/hostlo.py, and nothing else of the host);
  3. the guest pool and the host: the own gateway's other ports, other guests and the host the
     gateway runs on are closed (no rule opens them);
  4. private and special-purpose addresses, unless an allow rule names that block or a part of it
@@ -80,6 +82,8 @@ class Reason(enum.Enum):
     DNS_META = ("deny.dns_meta", "a DNS meta type (TSIG, TKEY, MAILA, OPT...) is not a question")
     CNAME_TARGET = ("deny.cname_target", "an alias to a special-use or denied name")
     CNAME_LOOP = ("deny.cname_loop", "an alias chain that loops")
+    HOST_LOOPBACK = ("allow.host_loopback", "a port of the host's own loopback (host_loopback)")
+    EXPOSE = ("allow.expose", "an exposed port, from a client its expose rule names")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key
@@ -175,6 +179,19 @@ def decide(profile: Profile, attempt: Attempt) -> Decision:
         if _rule_matches(rule, attempt, address):
             return deny(Reason.RULE_DENY, f"{rule.ref} ({rule.label})", rule)
 
+    if (
+        address is not None
+        and address == profile.gateway_address
+        and attempt.protocol is Protocol.TCP
+    ):
+        for rule in profile.host_loopback():
+            if attempt.port == rule.spec.host_loopback:
+                return allow(
+                    Reason.HOST_LOOPBACK,
+                    rule,
+                    f"{rule.ref} ({rule.label}): 127.0.0.1:{attempt.port} of the host",
+                )
+
     front = profile.front(attempt.name)
     if front is not None and (
         address is None
@@ -197,6 +214,24 @@ def decide(profile: Profile, attempt: Attempt) -> Decision:
             if _name_matches(rule, attempt, attempt.name, address):
                 return _allow_name(profile, attempt, address, rule)
     return _by_mode(profile, attempt, address)
+
+
+def decide_inbound(
+    profile: Profile, source: IPAddress, protocol: Protocol, port: int | None
+) -> Decision:
+    """May a client on the uplink side (the LAN) at ``source`` reach ``port`` of this profile's
+    guest? Only through an ``expose`` rule naming that port and a network holding ``source``;
+    everything else that arrives unasked on the uplink is refused (``deny.inbound``)."""
+    if isinstance(source, ipaddress.IPv6Address) and source.ipv4_mapped is not None:
+        source = source.ipv4_mapped
+    if protocol is Protocol.TCP:
+        for rule in profile.expose:
+            if rule.port != port:
+                continue
+            if rule.admits(source):
+                return allow(Reason.EXPOSE, detail=f"{rule}: {source}")
+            return deny(Reason.INBOUND, f"{source} is not a client {rule} names")
+    return deny(Reason.INBOUND, f"{source} {protocol.value}/{port}: nothing is exposed there")
 
 
 def decide_name(profile: Profile, name: str) -> Decision:
@@ -347,6 +382,7 @@ __all__ = [
     "at_address",
     "decide",
     "decide_answer",
+    "decide_inbound",
     "decide_name",
     "deny",
 ]

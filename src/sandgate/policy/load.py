@@ -23,6 +23,7 @@ from sandgate.errors import PolicyError, PolicyProblem
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
 from sandgate.policy.locate import Position, find, locate
 from sandgate.policy.model import (
+    ExposeSpec,
     GatewaySpec,
     IPAddress,
     IPNetwork,
@@ -34,7 +35,14 @@ from sandgate.policy.model import (
     SecretSpec,
     front_upstream,
 )
-from sandgate.policy.profile import Front, Profile, Rule, inspect_patterns, rules_from_specs
+from sandgate.policy.profile import (
+    Expose,
+    Front,
+    Profile,
+    Rule,
+    inspect_patterns,
+    rules_from_specs,
+)
 
 BUILTIN = "<built-in default>"
 # Keys that only sandgate's own test world may set. Refused in files, with a reason.
@@ -135,12 +143,40 @@ class Policy:
             host_addresses=host_addresses,
             gateway_address=gateway_address,
             fronts=tuple(Front(f.name, *front_upstream(f.upstream)) for f in spec.front),
+            expose=tuple(
+                Expose(e.port, e.networks, f"expose[{i}]")
+                for i, e in enumerate(self.file.expose)
+                if e.guest == chosen
+            ),
             tunnel_idle=spec.tunnels.idle_seconds,
             tunnel_max_seconds=spec.tunnels.max_seconds,
             tunnel_max_bytes=spec.tunnels.max_bytes,
         )
         self._check_fronts(chosen, profile)
         return profile
+
+    def host_loopback_ports(self) -> tuple[int, ...]:
+        """Every port of the host's loopback some profile opens: what the gateway started
+        with this policy relays (gateway/hostlo.py)."""
+        return tuple(
+            sorted(
+                {
+                    r.host_loopback
+                    for spec in self.file.profiles.values()
+                    for r in spec.allow
+                    if r.host_loopback is not None
+                }
+            )
+        )
+
+    def host_loopback_problem(self, port: int, message: str, fix: str) -> PolicyError:
+        """An error located at the first rule that names host-loopback ``port``."""
+        for name, spec in self.file.profiles.items():
+            for i, r in enumerate(spec.allow):
+                if r.host_loopback == port:
+                    pos = find(self.positions, ("profiles", name, "allow", i))
+                    return PolicyError([_located(self.source, pos, message, fix)])
+        return _one(self.source, message, fix)
 
     def gateway_problem(self, key: str, message: str, fix: str) -> PolicyError:
         """An error about a key of ``[gateway]``, located at that key (or the table)."""
@@ -237,9 +273,43 @@ def parse_policy(text: bytes, source: str) -> Policy:
         deny = rules_from_specs("deny", spec.deny, f"{name}.deny")
         problems += check_rules(allow, deny, policy._where)
         problems += _pool_rules(allow, file.gateway.pool, policy._where)
+    problems += _expose_problems(file, positions, source)
     if problems:
         raise PolicyError(problems)
     return policy
+
+
+def _expose_problems(
+    file: PolicyFile, positions: dict[Any, Position], source: str
+) -> list[PolicyProblem]:
+    """Each expose rule names a profile, and each uplink port is forwarded to one guest only."""
+    problems: list[PolicyProblem] = []
+    ports: dict[int, int] = {}
+    for i, rule in enumerate(file.expose):
+        if rule.guest not in file.profiles:
+            close = difflib.get_close_matches(rule.guest, list(file.profiles), n=1)
+            problems.append(
+                _located(
+                    source,
+                    find(positions, ("expose", i, "guest")),
+                    f"expose[{i}]: guest = {rule.guest!r} is not a profile here",
+                    f"did you mean {close[0]!r}?"
+                    if close
+                    else f"name one of {', '.join(sorted(file.profiles))}",
+                )
+            )
+        first = ports.setdefault(rule.port, i)
+        if first != i:
+            problems.append(
+                _located(
+                    source,
+                    find(positions, ("expose", i, "port")),
+                    f"expose[{i}]: port {rule.port} is forwarded by expose[{first}] already "
+                    "(one uplink port leads to one guest)",
+                    "merge the two rules' from lists, or use another port",
+                )
+            )
+    return problems
 
 
 def _pool_rules(allow: Sequence[Rule], pool: IPNetwork, where: Any) -> list[PolicyProblem]:
@@ -262,7 +332,15 @@ def _pool_rules(allow: Sequence[Rule], pool: IPNetwork, where: Any) -> list[Poli
 
 def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list[PolicyProblem]:
     """Rules that repeat each other, or allow rules a deny rule makes dead."""
-    problems: list[PolicyProblem] = []
+    problems: list[PolicyProblem] = [
+        _at(
+            where(rule.ref),
+            f"{rule} is a host_loopback rule in deny: the host is closed to guests already",
+            "move it to allow to open that one port of the host's loopback, or delete it",
+        )
+        for rule in deny
+        if rule.spec.host_loopback is not None
+    ]
     for rules in (allow, deny):
         # By key, not pairwise: a 100,000-rule policy is checked in linear time.
         first: dict[tuple[Any, ...], Rule] = {}
@@ -449,11 +527,17 @@ def _known_keys(loc: tuple[str | int, ...]) -> list[str]:
             model = SecretSpec
         elif model is PolicyFile and part == "gateway":
             model = GatewaySpec
-    return sorted(model.model_fields)
+        elif model is PolicyFile and part == "expose":
+            model = ExposeSpec
+    return sorted(f.alias or k for k, f in model.model_fields.items())
 
 
 def _fix_for(loc: tuple[str | int, ...]) -> str | None:
     keys = {p for p in loc if isinstance(p, str)}
+    if "host_loopback" in keys:
+        return 'e.g. { host_loopback = 11434, name = "ollama" } (Ollama on the host\'s 127.0.0.1)'
+    if "expose" in keys:
+        return 'e.g. expose = [{ guest = "orchestrator", port = 9119, from = "192.168.1.10" }]'
     if keys & {"allow", "deny"}:
         return (
             'a rule is { host = "10.77.0.10", port = 8000 } or { cidr = ... } or { domain = ... }'

@@ -45,12 +45,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Ports of a guest's gateway address the gateway keeps for itself: DNS, the proxy's three doors,
+# and 80/443, which it redirects to the proxy. A host-loopback port must not hide one.
+GATEWAY_SERVICE_PORTS = frozenset({53, 80, 443, 3128, 15080, 15443})
+
+
 class RuleSpec(_Strict):
-    """One allow or deny rule as written: exactly one of host, cidr, domain."""
+    """One allow or deny rule as written: exactly one of host, cidr, domain, host_loopback."""
 
     host: str | None = Field(default=None, description="one IP address (any common spelling)")
     cidr: str | None = Field(default=None, description="a network such as 10.77.0.0/24")
     domain: str | None = Field(default=None, description="a name or *.name pattern")
+    host_loopback: int | None = Field(
+        default=None,
+        description="a TCP port of the host's own 127.0.0.1 (a model server), reached by guests "
+        "on their gateway address",
+    )
     port: int | list[int | str] | str | None = Field(
         default=None, description="a port, a list of ports, or a range '8000-8100'"
     )
@@ -59,12 +69,21 @@ class RuleSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_target(self) -> RuleSpec:
-        given = [k for k in ("host", "cidr", "domain") if getattr(self, k) is not None]
+        given = [
+            k for k in ("host", "cidr", "domain", "host_loopback") if getattr(self, k) is not None
+        ]
         if len(given) != 1:
             raise ValueError(
                 "a rule needs exactly one of host, cidr or domain"
                 + (f" (it has {', '.join(given)})" if given else "")
+                + (" or host_loopback alone" if "host_loopback" in given else "")
             )
+        if self.host_loopback is not None and self.port is not None:
+            raise ValueError(
+                f"host_loopback = {self.host_loopback} is the port already; drop 'port'"
+            )
+        if self.host_loopback is not None and self.protocol not in (None, "tcp"):
+            raise ValueError("host_loopback forwards TCP only; drop 'protocol'")
         if self.ports and self.protocols == frozenset({Protocol.ICMP}):
             raise ValueError("ICMP has no ports; drop 'port' or choose protocol tcp or udp")
         return self
@@ -87,6 +106,8 @@ class RuleSpec(_Strict):
     @cached_property
     def ports(self) -> tuple[tuple[int, int], ...]:
         """Inclusive port ranges; empty means every port."""
+        if self.host_loopback is not None:
+            return ((self.host_loopback, self.host_loopback),)
         return _port_ranges(self.port)
 
     @cached_property
@@ -118,6 +139,24 @@ class RuleSpec(_Strict):
                 raise ValueError(str(exc)) from exc
         return v
 
+    @field_validator("host_loopback", mode="before")
+    @classmethod
+    def _check_host_loopback(cls, v: object) -> object:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+            raise ValueError(
+                f"host_loopback = {v!r} must be one TCP port from 1 to 65535 "
+                "(the port the server listens on at the host's 127.0.0.1)"
+            )
+        if v in GATEWAY_SERVICE_PORTS:
+            raise ValueError(
+                f"port {v} of the gateway address is the gateway's own "
+                f"({', '.join(map(str, sorted(GATEWAY_SERVICE_PORTS)))}: DNS and the proxy); "
+                "run the server on another port"
+            )
+        return v
+
     @field_validator("port", mode="before")
     @classmethod
     def _check_port(cls, v: object) -> object:
@@ -136,6 +175,8 @@ class RuleSpec(_Strict):
 
     def target_text(self) -> str:
         """The rule's target as the CLI writes it: host, cidr or pattern[:port][/proto]."""
+        if self.host_loopback is not None:
+            return f"host-loopback:{self.host_loopback}"
         if self.pattern is not None:
             text = str(self.pattern)
         else:
@@ -395,10 +436,67 @@ class GatewaySpec(_Strict):
         return v
 
 
+class ExposeSpec(_Strict):
+    """One inbound port forward: LAN clients ``from`` reach ``port`` of the guest of profile
+    ``guest`` through the gateway's uplink address (report 001's reverse proxy reaching the
+    orchestrator's dashboard). Nothing else comes in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    guest: str = Field(description="the profile of the guest the port belongs to")
+    port: int = Field(description="the TCP port, the same on the uplink and on the guest")
+    sources: list[str] = Field(
+        alias="from", description="the LAN clients allowed in: addresses or networks"
+    )
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _one_port(cls, v: object) -> object:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+            raise ValueError(f"port = {v!r} must be one TCP port from 1 to 65535")
+        return v
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _clients(cls, v: object) -> object:
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, list) or not items:
+            raise ValueError(
+                'from names the clients allowed in: "192.168.1.10", or a list of addresses '
+                "and networks (never everyone: a forward open to all is a hole)"
+            )
+        for item in items:
+            net = _client_network(item)
+            if net.prefixlen == 0:
+                raise ValueError(
+                    f"{item!r} is every address; name the clients (the reverse proxy's address)"
+                )
+        return items
+
+    @cached_property
+    def networks(self) -> tuple[ipaddress.IPv4Network, ...]:
+        return tuple(_client_network(s) for s in self.sources)
+
+
+def _client_network(item: object) -> ipaddress.IPv4Network:
+    if not isinstance(item, str):
+        raise ValueError(f'{item!r} is not an address; write it as a string, e.g. "192.168.1.10"')
+    try:
+        net = _unmapped(ipaddress.ip_network(item.strip(), strict=True))
+    except ValueError as exc:
+        raise ValueError(
+            f"{item!r} is not an address or network, e.g. 192.168.1.10 or 192.168.1.0/24"
+        ) from exc
+    if not isinstance(net, ipaddress.IPv4Network):
+        raise ValueError(f"{item!r}: the gateway routes IPv4 only")
+    return net
+
+
 class PolicyFile(_Strict):
     version: Literal[1] = 1
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     profiles: dict[str, ProfileSpec]
+    expose: list[ExposeSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _default_profile_exists(self) -> PolicyFile:

@@ -95,6 +95,7 @@ class Profile:
     gateway_address: IPAddress | None = None  # the guest's own gateway, when known
     host_addresses: tuple[IPAddress, ...] = ()  # the host the gateway runs on, when known
     fronts: tuple[Front, ...] = ()
+    expose: tuple[Expose, ...] = ()  # inbound forwards to this profile's guest
     tunnel_idle: float = 300.0
     tunnel_max_seconds: float = 86400.0
     tunnel_max_bytes: int | None = None
@@ -104,6 +105,10 @@ class Profile:
 
     def inspects(self, name: str) -> bool:
         return any(p.matches(name) for p in self.inspect)
+
+    def host_loopback(self) -> tuple[Rule, ...]:
+        """Allow rules that forward a port of the host's own loopback (host_loopback)."""
+        return tuple(r for r in self.allow if r.spec.host_loopback is not None)
 
     def front(self, name: str | None) -> Front | None:
         return next((f for f in self.fronts if f.name == name), None)
@@ -131,6 +136,21 @@ class Front:
     name: str
     address: IPAddress
     port: int
+
+
+@dataclass(frozen=True)
+class Expose:
+    """One inbound forward (ExposeSpec): ``sources`` reach ``port`` of this profile's guest."""
+
+    port: int
+    sources: tuple[ipaddress.IPv4Network, ...]
+    ref: str  # "expose[0]"
+
+    def admits(self, source: IPAddress) -> bool:
+        return source.version == 4 and any(source in n for n in self.sources)
+
+    def __str__(self) -> str:
+        return f"{self.ref} (port {self.port} from {', '.join(map(str, self.sources))})"
 
 
 def rules_from_specs(action: Action, specs: list[RuleSpec], prefix: str) -> tuple[Rule, ...]:

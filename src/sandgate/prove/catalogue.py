@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandgate.policy.classify import BLOCKS
-from sandgate.policy.decide import Attempt, decide, decide_name
+from sandgate.policy.decide import Attempt, decide, decide_inbound, decide_name
 from sandgate.policy.model import Protocol
 from sandgate.policy.profile import Profile
 
@@ -212,6 +212,14 @@ def catalogue(ctx: Context) -> list[Probe]:
     # -- the gateway itself, other guests, IPv6, L2 ------------------------------------------------
     tcp("gateway ssh", "gateway", ctx.gateway, 22)
     tcp("gateway other port", "gateway", ctx.gateway, 8080)
+    # The host's own loopback: exactly the ports host_loopback rules name (relayed by the
+    # gateway), and not the port next to each.
+    relayed = {r.spec.host_loopback for r in p.host_loopback()}
+    for rule in p.host_loopback():
+        lo = rule.spec.host_loopback or 0
+        tcp(f"host loopback {lo} ({rule.label})", "host", ctx.gateway, lo)
+        if lo + 1 not in relayed and lo < 65535:
+            tcp(f"host loopback, another port ({lo + 1})", "host", ctx.gateway, lo + 1)
     add(
         "gateway control socket",
         "gateway",
@@ -501,4 +509,29 @@ def catalogue(ctx: Context) -> list[Probe]:
         None,
         no_log_why="a file, not a packet",
     )
+    return out
+
+
+def inbound_catalogue(profile: Profile, uplink: str, clients: dict[str, str]) -> list[Probe]:
+    """Probes from the LAN side (run in the test world's LAN hosts, ``clients``: role →
+    address): each exposed port of ``profile`` from each client, to the gateway's uplink
+    address. Expected verdicts from ``decide_inbound()``. A reset from the guest (nothing
+    listens) counts as reached: the gateway's own refusal is ICMP, as everywhere."""
+    out: list[Probe] = []
+    for rule in profile.expose:
+        for role, address in sorted(clients.items()):
+            d = decide_inbound(profile, ipaddress.ip_address(address), Protocol.TCP, rule.port)
+            out.append(
+                Probe(
+                    f"expose {rule.port} from {role} {address}",
+                    "inbound",
+                    f"{uplink}:{rule.port}/tcp",
+                    "tcp",
+                    {"address": uplink, "port": rule.port, "from": role},
+                    d.verdict.value,
+                    d.key,
+                    Match(("conn",), None, rule.port, by_sport=True),
+                    needs_world=True,
+                )
+            )
     return out

@@ -6,7 +6,8 @@ at all, only the guest's wiring, so a probe that ``decide()`` expects to be allo
 breaks one fails loudly ("policy and invariant disagree"):
 
 * a guest never reaches another guest (an address in the guest pool);
-* a guest never reaches its gateway's own ports other than the resolver and the proxy;
+* a guest never reaches its gateway's own ports other than the resolver, the proxy and the
+  ports the gateway was started to relay to the host's loopback (host_loopback);
 * a guest never reaches the host it runs on;
 * a guest never reaches a cloud metadata address unless an allow rule names exactly it.
 
@@ -39,6 +40,7 @@ class Wiring:
     gateway: IPAddress
     host_addresses: tuple[IPAddress, ...] = ()
     named_exactly: tuple[IPAddress, ...] = ()  # single addresses an allow rule names
+    relayed: tuple[int, ...] = ()  # host-loopback ports the gateway relays for this guest
 
 
 def never(
@@ -52,7 +54,7 @@ def never(
     if address == wiring.gateway:
         if port == RESOLVER_PORT and protocol in ("tcp", "udp"):
             return None
-        if port in GATEWAY_PROXY_PORTS and protocol == "tcp":
+        if port in (*GATEWAY_PROXY_PORTS, *wiring.relayed) and protocol == "tcp":
             return None
         return "never.gateway_port"
     if address.version == wiring.guest_pool.version and address in wiring.guest_pool:

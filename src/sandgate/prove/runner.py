@@ -23,7 +23,8 @@ from sandgate.events.schema import Event
 from sandgate.events.store import Store
 from sandgate.policy.load import load_policy
 from sandgate.policy.model import Mode
-from sandgate.prove.catalogue import Context, Probe, catalogue
+from sandgate.policy.profile import Profile
+from sandgate.prove.catalogue import Context, Probe, catalogue, inbound_catalogue
 from sandgate.prove.invariants import Wiring, foreign_sources, leaked_names, never, probe_target
 from sandgate.sandbox.launch import preflight
 from sandgate.session.runner import RunOptions, RunResult, run_in, signals_raise
@@ -99,7 +100,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
     try:
         peer_address = _wait_for_peer(stack, peer)
         probes_file = work / "probes.json"
-        holder: dict[str, list[Probe]] = {}
+        holder: dict[str, Any] = {}
         wiring: dict[str, Wiring] = {}
 
         def probes_for(guest: dict[str, Any]) -> dict[str, Path]:
@@ -132,7 +133,9 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                     for r in profile.allow
                     if r.spec.network is not None and r.spec.network.num_addresses == 1
                 ),
+                relayed=tuple(int(a.rsplit(":", 1)[1]) for a in guest.get("host_loopback", ())),
             )
+            holder["profile"] = profile
             holder["probes"] = catalogue(ctx)
             runnable = [p for p in holder["probes"] if world is not None or not p.needs_world]
             probes_file.write_text(json.dumps([p.as_driver() for p in runnable]))
@@ -177,6 +180,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
         ]
         if world is not None:
             results += _session_invariants(world.uplink.address, events, seen)
+            results += _inbound(stack, holder["profile"], work, opts.store, run.session)
         report = run.report
         return ProveResult(
             report.mode or "", report.profile or "", policy_path, run.session, results
@@ -367,6 +371,63 @@ def _logged(probe: Probe, seen: dict[str, Any], events: list[Event]) -> str:
 
 def _detail(seen: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in seen.items() if k not in ("id", "observed"))
+
+
+# The test world's LAN hosts that probe the gateway's exposed ports from outside.
+LAN_CLIENTS = {"model": "10.77.0.10", "nas": "10.77.0.20"}
+
+
+def _inbound(
+    stack: Stack, profile: Profile, work: Path, store: str | None, session: str
+) -> list[ProbeResult]:
+    """The profile's exposed ports, probed from the LAN side (each client in its own world
+    namespace, with the same driver), while the guests are still up."""
+    import subprocess
+
+    assert stack.world is not None
+    uplink = stack.world.uplink.address.split("/", maxsplit=1)[0]
+    # The clients this world has (another world may name its LAN hosts otherwise).
+    spaces = {
+        role: n
+        for role in LAN_CLIENTS
+        for n in stack.world.namespaces
+        if n.endswith(f"-{role}")
+    }
+    clients = {role: a for role, a in LAN_CLIENTS.items() if role in spaces}
+    probes = inbound_catalogue(profile, uplink, clients)
+    if not probes:
+        return []
+    s = Store(store) if store else Store()
+    try:
+        # After the guest's session: the LAN probes come later (its peer is still up).
+        since = max((i for i, _ in s.events_with_ids(session=session)), default=0)
+    finally:
+        s.close()
+    observed: dict[str, dict[str, Any]] = {}
+    for role, netns in spaces.items():
+        mine = [p for p in probes if p.args["from"] == role]
+        probes_file, out = work / f"inbound-{role}.json", work / f"inbound-{role}.jsonl"
+        probes_file.write_text(json.dumps([p.as_driver() for p in mine]))
+        subprocess.run(
+            ["ip", "netns", "exec", netns, "/usr/bin/python3", str(_driver_path()),
+             str(probes_file), str(out)],
+            check=False,
+            capture_output=True,
+            timeout=60,
+        )  # fmt: skip
+        observed.update(_observed(out))
+    results: list[ProbeResult] = []
+    deadline = time.monotonic() + 5.0  # the gateway's records arrive in batches
+    while True:
+        s = Store(store) if store else Store()
+        try:
+            events = s.events(kinds=["conn"], since_id=since)
+        finally:
+            s.close()
+        results = [_judge(p, observed.get(p.id), events, []) for p in probes]
+        if all(r.result == "PASS" for r in results) or time.monotonic() > deadline:
+            return results
+        time.sleep(0.25)
 
 
 def _observed(path: Path) -> dict[str, dict[str, Any]]:

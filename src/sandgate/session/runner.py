@@ -414,6 +414,8 @@ def _spec(
         **proxy_env(guest["proxy"]),
         **place_secrets(box.home, uid, guest.get("secrets", {})),
         "PATH": f"{privilege.SHIM_DIR}:{bwrap.SANDBOX_PATH}",
+        # Where host_loopback ports are reached: OLLAMA_HOST=http://$SANDGATE_GATEWAY:11434
+        "SANDGATE_GATEWAY": guest["gateway"],
         **opts.env,
     }
     assert box.space is not None

@@ -189,6 +189,7 @@ def gateway_config(
             extra_ca=(str(info.ca_cert),),
             policy=policy.source,
             host_addresses=host,
+            host_loopback=policy.host_loopback_ports(),
             **extra,
         )
     return GatewayConfig(
@@ -199,6 +200,7 @@ def gateway_config(
         store=store or "",
         policy=policy.source,
         host_addresses=host,
+        host_loopback=policy.host_loopback_ports(),
         **extra,
     )
 
