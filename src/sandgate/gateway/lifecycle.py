@@ -81,7 +81,9 @@ class Lifecycle:
         self.pool = table.pool
         self.public_override = tuple(ipaddress.ip_network(n) for n in cfg.public_override)
         self.host_addresses = tuple(ipaddress.ip_address(a) for a in cfg.host_addresses)
-        self._lock = asyncio.Lock()
+        # The self-check's lock: every change to the gateway's own rules and links is made
+        # and noted under it, so no digest comparison sees one half made (selfcheck.py).
+        self._lock = check.lock
         self._detaching: set[asyncio.Task[None]] = set()
         self.canary_worker: ns.NsThread | None = None
         # Packets of sites deleted since start, per (profile, rule, verdict, reason).
@@ -140,9 +142,11 @@ class Lifecycle:
             profile = self.profile_for(msg, policy, link)
             netns = msg["netns"]
             ns.check_ours(netns)
-            guest = await self._join(msg, link, policy, profile, netns, canary)
+            try:
+                guest = await self._join(msg, link, policy, profile, netns, canary)
+            finally:
+                self.check.note()  # joined, or undone: either way what the rules now are
             self.sites.update(guest.sites)
-            self.check.note()
             if canary:
                 self.table.canary = guest
                 return {"guest": link.ifname, "address": str(link.guest)}

@@ -103,6 +103,14 @@ class SelfCheck:
         self.gw = gw
         self._expected = ""
         self._policy_mtimes: dict[str, float] = {}
+        # Held by every change the gateway makes to its own rules and links (lifecycle.py: a
+        # guest joining, leaving, its link going) until ``note()`` has recorded the result; the
+        # digest comparisons (``settled``) and repairs hold it too. Without it a comparison made
+        # while a join awaited its resolver saw the half-made guest as drift from outside: the
+        # watchdog cut every guest off (questions refused, unlogged) and its repair re-made the
+        # tables without the joining guest, whose packets then met ``deny.unknown_link``
+        # (issue 11's soak: 5 of 100 concurrent sessions got no DNS answer).
+        self.lock = asyncio.Lock()
 
     # -- the ruleset ------------------------------------------------------------------------------
 
@@ -138,6 +146,15 @@ class SelfCheck:
     def note(self) -> None:
         """The gateway changed its own rules: this is now what they must look like."""
         self._expected = self.ruleset_digest()
+
+    def settled(self) -> asyncio.Lock:
+        """Hold it to compare the ruleset with ``expected_digest()``: no change of the gateway's
+        own is half made meanwhile."""
+        return self.lock
+
+    async def snapshot_settled(self) -> dict[str, Any]:
+        async with self.lock:
+            return self.snapshot()
 
     # -- probes -----------------------------------------------------------------------------------
 
@@ -219,7 +236,12 @@ class SelfCheck:
         await gw.netlink_call(gw.plumber.enable_forwarding)
 
     async def repair(self) -> None:
-        """Re-apply every rule and restart every listener from what the gateway knows."""
+        """Re-apply every rule and restart every listener from what the gateway knows (under
+        the lock: a guest joining meanwhile would lose its rules to the new tables)."""
+        async with self.lock:
+            await self._repair()
+
+    async def _repair(self) -> None:
         gw = self.gw
         cmds, sites = base_ruleset(
             gw.cfg.uplink.ifname, gw.pool, public_override=gw.public_override, limits=gw.limits
