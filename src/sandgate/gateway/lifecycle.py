@@ -134,7 +134,9 @@ class Lifecycle:
     async def add(
         self, msg: dict[str, Any], *, index: int | None = None, canary: bool = False
     ) -> dict[str, Any]:
+        t = _Phases()
         async with self._lock:
+            t.mark("lock")
             index = self.table.free_index() if index is None else index
             link = GuestLink.from_pool(self.pool, index, guest_mac(index))
             policy = load_policy(msg.get("policy"))
@@ -142,10 +144,12 @@ class Lifecycle:
             profile = self.profile_for(msg, policy, link)
             netns = msg["netns"]
             ns.check_ours(netns)
+            t.mark("policy")
             try:
-                guest = await self._join(msg, link, policy, profile, netns, canary)
+                guest = await self._join(msg, link, policy, profile, netns, canary, t)
             finally:
                 self.check.note()  # joined, or undone: either way what the rules now are
+                t.mark("note")
             self.sites.update(guest.sites)
             if canary:
                 self.table.canary = guest
@@ -180,6 +184,7 @@ class Lifecycle:
             "ca": self.proxy.ca_cert_pem().decode(),
             "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
             "model_hosts": profile.model_hosts(),
+            "timing_ms": t.ms,
         }
 
     async def _join(
@@ -190,6 +195,7 @@ class Lifecycle:
         profile: Profile,
         netns: str,
         canary: bool,
+        t: _Phases,
     ) -> Guest:
         """Every part of a guest, in order; on any failure the parts made so far are undone."""
         loop = asyncio.get_running_loop()
@@ -204,9 +210,12 @@ class Lifecycle:
         try:
             await self._nl(self.plumber.attach_guest, link, netns)
             undo.append(lambda: self.netlink.submit(self.plumber.detach_guest, link).result())
+            t.mark("link")
             ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
+            t.mark("uid_log")
             cmds, sites = guest_add(link, profile, self.limits)
             self.nft.run(batch(*cmds))
+            t.mark("rules")
             undo.append(lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile))))
             key = "|".join(
                 map(
@@ -217,12 +226,15 @@ class Lifecycle:
             dns = GuestDNS(link, session, profile, key)
             await self.resolver.start_guest(dns)
             undo.append(lambda: Resolver.close_listeners(dns))
+            t.mark("resolver")
             pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
+            t.mark("proxy")
             uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
             undo.append(uidlog.close)
             hold = await holding if holding is not None else None
+            t.mark("hold")
             if hold is not None:
                 undo.append(hold.stop)
         except BaseException:
@@ -404,6 +416,7 @@ class Lifecycle:
             self.table.pop(name)
             registry.forget(self.cfg.run_dir, name)
             self.check.note()
+            t.mark("note")
         # Deleting a veth waits out an RCU grace period (~20 ms). The guest's rules are gone
         # (its traffic meets the default drop), so the link goes after the reply; its slot stays
         # taken until then.
@@ -428,9 +441,10 @@ class Lifecycle:
             async with self._lock:
                 # The runner may delete the guest's namespace meanwhile, which takes the link
                 # with it: a link already gone is fine.
+                # No note(): the link's rules (its ingress chain too) went with its removal
+                # batch, so deleting the link changes nothing the digest covers.
                 with contextlib.suppress(Exception):
                     await self._nl(self.plumber.detach_guest, guest.link)
-                self.check.note()
         finally:
             self.table.draining.discard(guest.link.ifname)
 
