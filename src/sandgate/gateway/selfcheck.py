@@ -115,7 +115,7 @@ class SelfCheck:
     # -- the ruleset ------------------------------------------------------------------------------
 
     def ruleset_digest(self) -> str:
-        return integrity.ruleset_digest(self._listing())
+        return integrity.live_digest(self.gw.nft)
 
     def ruleset_lines(self) -> list[str]:
         return integrity.ruleset_lines(self._listing())

@@ -20,8 +20,10 @@ from typing import Any
 from sandgate.errors import RulesetRejected, SetupError
 from sandgate.net.ns import NsThread
 
+_OUTPUT_STATELESS = 1 << 2
 _OUTPUT_HANDLE = 1 << 3
 _OUTPUT_JSON = 1 << 4
+_OUTPUT_TERSE = 1 << 11
 _OUTPUT_NUMERIC_ALL = (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10)
 
 Json = dict[str, Any]
@@ -85,6 +87,19 @@ class Nft:
             )
         return json.loads(out) if out.strip() else None
 
+    def list_text(self, command: str) -> str | None:
+        """A text ``list`` command's output without counts or handles (the same rules always
+        print the same text), or None if the object does not exist. ``terse`` leaves out the
+        elements of named sets; list a set by itself to see them."""
+        self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_STATELESS | _OUTPUT_TERSE)
+        try:
+            rc = self._lib.nft_run_cmd_from_buffer(self._ctx, command.encode())
+            out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
+            self._lib.nft_ctx_get_error_buffer(self._ctx)  # drained: the next call's is its own
+        finally:
+            self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON | _OUTPUT_HANDLE)
+        return out.decode(errors="replace") if rc == 0 else None
+
     def list_table(self, family: str, table: str) -> list[Json]:
         result = self.run({"nftables": [{"list": {"table": {"family": family, "name": table}}}]})
         return list((result or {}).get("nftables", []))
@@ -116,6 +131,9 @@ class NftIn:
 
     def run(self, command: Json | str) -> Json | None:
         return self._worker.call(lambda: self._nft.run(command))
+
+    def list_text(self, command: str) -> str | None:
+        return self._worker.call(lambda: self._nft.list_text(command))
 
     def list_table(self, family: str, table: str) -> list[Json]:
         return self._worker.call(lambda: self._nft.list_table(family, table))
