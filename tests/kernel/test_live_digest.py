@@ -6,6 +6,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from sandgate.gateway.integrity import live_digest
 from sandgate.net import ns
 from sandgate.net.compile import TABLE, GuestLink, Limits, base_ruleset, guest_add, pin_elements
-from sandgate.net.nft import Nft, NftIn, batch
+from sandgate.net.nft import Commit, CommitMonitor, Nft, NftIn, batch
 from sandgate.policy.load import load_policy
 from sandgate.policy.model import Mode
 from sandgate.policy.pins import pinned_rules
@@ -98,3 +101,30 @@ def test_digest_follows_rules_not_counts_or_pins(nft: NftIn) -> None:
         )
     )
     assert live_digest(lister) not in (digest, changed)
+
+
+def test_commit_monitor_tells_our_commits_from_others() -> None:
+    """The watchdog's O(1) test: every transaction is reported with the task that made it."""
+    name = f"sg-digest-{secrets.token_hex(3)}"
+    ns.create(name)
+    worker = ns.NsThread(name)
+    try:
+
+        def inside() -> tuple[list[Commit], int]:
+            monitor = CommitMonitor()
+            try:
+                nft = Nft()
+                nft.run(batch({"add": {"table": {"family": "inet", "name": TABLE}}}))
+                subprocess.run(["nft", "add", "chain", "inet", TABLE, "x"], check=True)
+                time.sleep(0.05)
+                return monitor.read(), threading.get_native_id()
+            finally:
+                monitor.close()
+
+        commits, tid = worker.call(inside)
+    finally:
+        worker.close()
+        ns.remove(name)
+    assert len(commits) == 2, commits
+    assert commits[0].pid == tid  # ours: the thread that committed
+    assert commits[1].name == "nft" and commits[1].pid not in (tid, os.getpid())

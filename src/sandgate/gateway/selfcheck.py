@@ -37,7 +37,7 @@ from sandgate.net.compile import (
     pin_elements,
 )
 from sandgate.net.links import Plumber
-from sandgate.net.nft import Nft, batch
+from sandgate.net.nft import CommitMonitor, Nft, batch
 from sandgate.net.ns import NsThread
 from sandgate.policy.profile import Profile
 
@@ -111,6 +111,13 @@ class SelfCheck:
         # tables without the joining guest, whose packets then met ``deny.unknown_link``
         # (issue 11's soak: 5 of 100 concurrent sessions got no DNS answer).
         self.lock = asyncio.Lock()
+        # Who commits to the gateway's namespace (net/nft.py's CommitMonitor): with it, a change
+        # of our own is noted in O(1) (``_stale``: not yet hashed) and the digest is only
+        # computed when someone else committed, or when a snapshot asks for it.
+        self._monitor: CommitMonitor | None = None
+        self._foreign: list[str] = []  # commits by other processes since the last verified digest
+        self._lost = 0
+        self._stale = False
 
     # -- the ruleset ------------------------------------------------------------------------------
 
@@ -130,10 +137,11 @@ class SelfCheck:
     def snapshot(self) -> dict[str, Any]:
         """What an agent might change to get online, as the gateway holds it (session drift)."""
         gw = self.gw
+        digest = self._verified_digest()
         return {
             "ruleset": self.ruleset_lines(),
-            "digest": self.ruleset_digest(),
-            "expected": self.expected_digest(),
+            "digest": digest,
+            "expected": self._expected,
             "resolver": {
                 "upstream": list(gw.resolver.upstream.servers),
                 "cut": gw.resolver.cut,
@@ -143,9 +151,60 @@ class SelfCheck:
             "forwarding": gw.plumber.forwarding(),
         }
 
+    def watch_commits(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From now on, tell our own commits from others' (call after the first ``note()``)."""
+        self._monitor = CommitMonitor()
+        loop.add_reader(self._monitor.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        if self._monitor is None:
+            return
+        for commit in self._monitor.read():
+            if not _ours(commit.pid):
+                self._foreign.append(f"{commit.name or '?'} (pid {commit.pid})")
+        if self._monitor.overruns != self._lost:
+            self._lost = self._monitor.overruns
+            self._foreign.append("(commit notifications lost)")
+
     def note(self) -> None:
-        """The gateway changed its own rules: this is now what they must look like."""
+        """The gateway changed its own rules: this is now what they must look like. With the
+        commit monitor that costs nothing: the rules are hashed when a comparison needs it."""
+        if self._monitor is None:
+            self._expected = self.ruleset_digest()
+            return
+        self._drain()  # what came before our change is judged as before
+        self._stale = True
+
+    def note_verified(self) -> None:
+        """After a repair: the rules as they are now are the gateway's, whoever committed."""
+        self._drain()
+        self._foreign.clear()
         self._expected = self.ruleset_digest()
+        self._stale = False
+
+    def drifted(self) -> bool:
+        """Whether someone other than the gateway changed its rules (hold ``settled()``)."""
+        if self._monitor is None:
+            return self.ruleset_digest() != self._expected
+        self._drain()
+        if not self._foreign:
+            return False  # every commit since the last verified digest was our own
+        if self._stale:
+            return True  # another's commit among ours not yet hashed: cannot tell them apart
+        if self.ruleset_digest() == self._expected:
+            self._foreign.clear()  # it changed nothing the digest covers (a pinned address)
+            return False
+        return True
+
+    def _verified_digest(self) -> str:
+        """The digest now; when only we have committed since the last one, it is also what
+        the rules must look like (``_expected``)."""
+        self._drain()
+        digest = self.ruleset_digest()
+        self._drain()
+        if self._monitor is not None and self._stale and not self._foreign:
+            self._expected, self._stale = digest, False
+        return digest
 
     def settled(self) -> asyncio.Lock:
         """Hold it to compare the ruleset with ``expected_digest()``: no change of the gateway's
@@ -252,7 +311,7 @@ class SelfCheck:
             iptables.install(gw.gate.gate)
         for guest in gw.all_guests():
             await self._repair_guest(guest)
-        self.note()
+        self.note_verified()
 
     async def _repair_guest(self, guest: GuestView) -> None:
         gw = self.gw
@@ -291,6 +350,11 @@ class SelfCheck:
         if target:
             loop = asyncio.get_running_loop()
             loop.run_in_executor(None, integrity.alarm, target, payload)
+
+
+def _ours(pid: int) -> bool:
+    """A commit by this process: its pid is a thread id of ours (the loop's is the pid)."""
+    return pid == os.getpid() or (pid > 0 and os.path.exists(f"/proc/self/task/{pid}"))
 
 
 def inject_fault(what: str, guests: Sequence[GuestView], resolver: Resolver, proxy: Proxy) -> None:

@@ -165,6 +165,7 @@ class Gateway:
         await self._nl(self.plumber.enable_forwarding)
         self.feed.open(loop)
         self.check.note()
+        self.check.watch_commits(loop)
         await self.guests_.reattach()
         if self.cfg.watchdog:
             await self.guests_.start_canary()

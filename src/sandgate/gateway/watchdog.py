@@ -25,8 +25,7 @@ from sandgate.events.schema import Event, Kind
 class Watched(Protocol):
     """What the watchdog needs of the gateway (gateway/server.py implements it)."""
 
-    def ruleset_digest(self) -> str: ...
-    def expected_digest(self) -> str: ...
+    def drifted(self) -> bool: ...  # the ruleset changed by someone else (hold settled())
     def settled(self) -> AbstractAsyncContextManager[Any]: ...  # no change of its own half made
     async def probe_canary(self) -> list[str]: ...
     async def probe_services(self) -> list[str]: ...
@@ -68,7 +67,7 @@ class Watchdog:
         g = self.gateway
         problems: list[str] = []
         async with g.settled():
-            drifted = g.ruleset_digest() != g.expected_digest()
+            drifted = g.drifted()
         if drifted:
             problems.append("the gateway's ruleset was changed from outside")
         problems += await g.probe_services()

@@ -15,9 +15,11 @@ import ctypes.util
 import functools
 import json
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from sandgate.errors import RulesetRejected, SetupError
+from sandgate.net.netlink import NFGENMSG, NetfilterSocket, NetlinkParseError, nl_attrs, nl_messages
 from sandgate.net.ns import NsThread
 
 _OUTPUT_STATELESS = 1 << 2
@@ -147,3 +149,56 @@ class NftIn:
 
 def batch(*commands: Json) -> Json:
     return {"nftables": list(commands)}
+
+
+# The kernel's note of every committed nftables transaction (include/uapi/linux/netfilter/
+# nf_tables.h): NFT_MSG_NEWGEN on NFNLGRP_NFTABLES, with the committing task's pid and name.
+NFNLGRP_NFTABLES = 7
+_NEWGEN = (10 << 8) | 15  # NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWGEN
+_GEN_PROC_PID, _GEN_PROC_NAME = 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One transaction committed in the namespace: by which task (a thread's id) and name."""
+
+    pid: int
+    name: str
+
+
+class CommitMonitor:
+    """Who commits nftables changes in this (the calling thread's) namespace.
+
+    One message per transaction, whatever its size, so a watcher learns "something else
+    changed the rules" without listing them. ``overruns`` says when notifications were lost
+    (then nothing can be vouched for)."""
+
+    def __init__(self) -> None:
+        self._sock = NetfilterSocket(groups=1 << (NFNLGRP_NFTABLES - 1))
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    @property
+    def overruns(self) -> int:
+        return self._sock.overruns
+
+    def read(self) -> list[Commit]:
+        """The commits notified so far; never blocks."""
+        out: list[Commit] = []
+        for dgram in self._sock.recv_datagrams():
+            try:
+                for mtype, _flags, _seq, start, end in nl_messages(dgram):
+                    if mtype != _NEWGEN:
+                        continue
+                    attrs = nl_attrs(dgram, start + NFGENMSG.size, end)
+                    raw_pid = attrs.get(_GEN_PROC_PID, b"")
+                    pid = int.from_bytes(raw_pid, "big") if len(raw_pid) == 4 else -1
+                    name = attrs.get(_GEN_PROC_NAME, b"").rstrip(b"\0").decode(errors="replace")
+                    out.append(Commit(pid, name))
+            except NetlinkParseError:
+                out.append(Commit(-1, "(unreadable notification)"))
+        return out
+
+    def close(self) -> None:
+        self._sock.close()
