@@ -27,6 +27,7 @@ from sandgate.gateway.proxy.server import Proxy
 from sandgate.gateway.proxy.tlsgate import GateReader
 from sandgate.net import iptables
 from sandgate.net.compile import (
+    TABLE,
     GuestLink,
     Limits,
     Site,
@@ -118,6 +119,7 @@ class SelfCheck:
         self._foreign: list[str] = []  # commits by other processes since the last verified digest
         self._lost = 0
         self._stale = False
+        self._kernel_pid = -1
 
     # -- the ruleset ------------------------------------------------------------------------------
 
@@ -152,15 +154,35 @@ class SelfCheck:
         }
 
     def watch_commits(self, loop: asyncio.AbstractEventLoop) -> None:
-        """From now on, tell our own commits from others' (call after the first ``note()``)."""
-        self._monitor = CommitMonitor()
-        loop.add_reader(self._monitor.fileno(), self._drain)
+        """From now on, tell our own commits from others' (call after the first ``note()``).
+
+        One commit of ours first (a chain made and deleted in one transaction: the rules do
+        not change) to learn the pid the kernel gives us: in a pid namespace (a pod) it is not
+        ``os.getpid()``. A kernel that sends no notification keeps the digest after every
+        change, as before."""
+        monitor = CommitMonitor()
+        probe = {"family": "inet", "table": TABLE, "name": "sg_commit_probe"}
+        self.gw.nft.run(batch({"add": {"chain": probe}}, {"delete": {"chain": probe}}))
+        seen = monitor.read()
+        if not seen:
+            monitor.close()
+            return
+        self._kernel_pid = seen[-1].pid
+        self._monitor = monitor
+        loop.add_reader(monitor.fileno(), self._drain)
+
+    def _ours(self, pid: int) -> bool:
+        """A commit by this process: the loop's thread as the kernel names it, or a thread
+        of ours (its id as this pid namespace sees it)."""
+        if pid == self._kernel_pid or pid == os.getpid():
+            return True
+        return pid > 0 and os.path.exists(f"/proc/self/task/{pid}")
 
     def _drain(self) -> None:
         if self._monitor is None:
             return
         for commit in self._monitor.read():
-            if not _ours(commit.pid):
+            if not self._ours(commit.pid):
                 self._foreign.append(f"{commit.name or '?'} (pid {commit.pid})")
         if self._monitor.overruns != self._lost:
             self._lost = self._monitor.overruns
@@ -350,11 +372,6 @@ class SelfCheck:
         if target:
             loop = asyncio.get_running_loop()
             loop.run_in_executor(None, integrity.alarm, target, payload)
-
-
-def _ours(pid: int) -> bool:
-    """A commit by this process: its pid is a thread id of ours (the loop's is the pid)."""
-    return pid == os.getpid() or (pid > 0 and os.path.exists(f"/proc/self/task/{pid}"))
 
 
 def inject_fault(what: str, guests: Sequence[GuestView], resolver: Resolver, proxy: Proxy) -> None:
