@@ -107,11 +107,20 @@ def kernel_objects(bs: BenchStack) -> dict[str, Any]:
     }
 
 
-def leaked(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
-    """What grew between two ``kernel_objects``: per kind, how many more (0 = nothing left)."""
+def leaked(
+    before: dict[str, Any], after: dict[str, Any], ours: set[str] | None = None
+) -> dict[str, int]:
+    """What grew between two ``kernel_objects``: per kind, how many more (0 = nothing left).
+
+    ``ours``: the bench's session ids; mounts, cgroups and session folders are then counted
+    only when they name one of them (other people's sessions on a shared machine are not the
+    gateway's leaks)."""
     out: dict[str, int] = {}
     for key in ("session_netns", "mounts", "cgroups", "session_dirs"):
-        out[key] = len(set(after[key]) - set(before[key]))
+        grown = set(after[key]) - set(before[key])
+        if ours is not None and key != "session_netns":
+            grown = {x for x in grown if any(sid in x for sid in ours)}
+        out[key] = len(grown)
     out["gateway_links"] = max(0, after["gateway_links"] - before["gateway_links"])
     for kind in set(before["nft"]) | set(after["nft"]):
         out[f"nft_{kind}"] = max(0, after["nft"].get(kind, 0) - before["nft"].get(kind, 0))
@@ -408,7 +417,7 @@ def part_soak(bs: BenchStack, sessions: int, concurrent: int) -> dict[str, Any]:
     wall = time.monotonic() - t0
     time.sleep(1.0)  # the last sessions' log lines reach the store
     after, objs_after = daemon_stats(pid), kernel_objects(bs)
-    leaks = leaked(objs_before, objs_after)
+    leaks = leaked(objs_before, objs_after, {sid for sid, _, _ in [warm, *results] if sid})
     store = Store(bs.store)
     try:
         short: list[dict[str, Any]] = []

@@ -513,6 +513,9 @@ def suite(
     pids: PidsOpt = None,
     memory: MemoryOpt = None,
     cpus: CpusOpt = None,
+    parallel: Annotated[
+        int, typer.Option("--parallel", "-j", min=1, help="sessions at once on the one gateway")
+    ] = 1,
 ) -> None:
     """Run every task of a task file in each mode, each in a fresh session; a results table."""
     from sandgate.agents.registry import resolve
@@ -544,6 +547,7 @@ def suite(
             notify=notify,
             on_row=on_row,
             limits=_limits(pids, memory, cpus),
+            parallel=parallel,
         )
         result = run_suite(opts)
     except SandgateError as exc:

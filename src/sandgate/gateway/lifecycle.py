@@ -86,7 +86,9 @@ class Lifecycle:
         self.public_override = tuple(ipaddress.ip_network(n) for n in cfg.public_override)
         self.host_addresses = tuple(ipaddress.ip_address(a) for a in cfg.host_addresses)
         self.hostlo = HostLoopback(cfg.hostlo_dir, cfg.host_loopback)
-        self._lock = asyncio.Lock()
+        # The self-check's lock: every change to the gateway's own rules and links is made
+        # and noted under it, so no digest comparison sees one half made (selfcheck.py).
+        self._lock = check.lock
         self._detaching: set[asyncio.Task[None]] = set()
         self.canary_worker: ns.NsThread | None = None
         # Packets of sites deleted since start, per (profile, rule, verdict, reason).
@@ -197,7 +199,9 @@ class Lifecycle:
     async def add(
         self, msg: dict[str, Any], *, index: int | None = None, canary: bool = False
     ) -> dict[str, Any]:
+        t = _Phases()
         async with self._lock:
+            t.mark("lock")
             index = self.table.free_index() if index is None else index
             handed = msg.get("handed")  # a gateway VM's guest link: no namespace of ours
             link = (
@@ -211,9 +215,13 @@ class Lifecycle:
             netns = "" if handed else msg["netns"]
             if not handed:
                 ns.check_ours(netns)
-            guest = await self._join(msg, link, policy, profile, netns, canary)
+            t.mark("policy")
+            try:
+                guest = await self._join(msg, link, policy, profile, netns, canary, t)
+            finally:
+                self.check.note()  # joined, or undone: either way what the rules now are
+                t.mark("note")
             self.sites.update(guest.sites)
-            self.check.note()
             if canary:
                 self.table.canary = guest
                 return {"guest": link.ifname, "address": str(link.guest)}
@@ -254,6 +262,7 @@ class Lifecycle:
             "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
             "model_hosts": profile.model_hosts(),
             "host_loopback": [f"{link.gateway}:{p}" for p in _loopback_ports(profile)],
+            "timing_ms": t.ms,
         }
 
     async def _join(
@@ -264,6 +273,7 @@ class Lifecycle:
         profile: Profile,
         netns: str,
         canary: bool,
+        t: _Phases,
     ) -> Guest:
         """Every part of a guest, in order; on any failure the parts made so far are undone."""
         loop = asyncio.get_running_loop()
@@ -282,12 +292,16 @@ class Lifecycle:
             if handed:
                 await self._nl(self.plumber.adopt_guest, link)
                 undo.append(lambda: self.netlink.submit(self.plumber.release_guest, link).result())
+                t.mark("link")
             else:
                 await self._nl(self.plumber.attach_guest, link, netns)
                 undo.append(lambda: self.netlink.submit(self.plumber.detach_guest, link).result())
+                t.mark("link")
                 ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
+                t.mark("uid_log")
             cmds, sites = guest_add(link, profile, self.limits)
             self.nft.run(batch(*cmds))
+            t.mark("rules")
             undo.append(lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile))))
             key = "|".join(
                 map(
@@ -298,15 +312,18 @@ class Lifecycle:
             dns = GuestDNS(link, session, profile, key)
             await self.resolver.start_guest(dns)
             undo.append(lambda: Resolver.close_listeners(dns))
+            t.mark("resolver")
             pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
             self.hostlo.start_guest(link, _loopback_ports(profile))
             undo.append(lambda: self.hostlo.stop_guest(link))
+            t.mark("proxy")
             if not handed:
                 uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
                 undo.append(uidlog.close)
             hold = await holding if holding is not None else None
+            t.mark("hold")
             if hold is not None:
                 undo.append(hold.stop)
         except BaseException:
@@ -493,6 +510,7 @@ class Lifecycle:
             self.table.pop(name)
             registry.forget(self.cfg.run_dir, name)
             self.check.note()
+            t.mark("note")
         # Deleting a veth waits out an RCU grace period (~20 ms). The guest's rules are gone
         # (its traffic meets the default drop), so the link goes after the reply; its slot stays
         # taken until then.
@@ -517,12 +535,13 @@ class Lifecycle:
             async with self._lock:
                 # The runner may delete the guest's namespace meanwhile, which takes the link
                 # with it: a link already gone is fine.
+                # No note(): the link's rules (its ingress chain too) went with its removal
+                # batch, so deleting the link changes nothing the digest covers.
                 with contextlib.suppress(Exception):
                     if guest.msg.get("handed"):  # handed to us: not ours to delete
                         await self._nl(self.plumber.release_guest, guest.link)
                     else:
                         await self._nl(self.plumber.detach_guest, guest.link)
-                self.check.note()
         finally:
             self.table.draining.discard(guest.link.ifname)
 

@@ -27,6 +27,7 @@ from sandgate.gateway.proxy.server import Proxy
 from sandgate.gateway.proxy.tlsgate import GateReader
 from sandgate.net import iptables
 from sandgate.net.compile import (
+    TABLE,
     GuestLink,
     Limits,
     Site,
@@ -37,7 +38,7 @@ from sandgate.net.compile import (
     pin_elements,
 )
 from sandgate.net.links import Plumber
-from sandgate.net.nft import Nft, batch
+from sandgate.net.nft import CommitMonitor, Nft, batch
 from sandgate.net.ns import NsThread
 from sandgate.policy.profile import Profile
 
@@ -103,11 +104,27 @@ class SelfCheck:
         self.gw = gw
         self._expected = ""
         self._policy_mtimes: dict[str, float] = {}
+        # Held by every change the gateway makes to its own rules and links (lifecycle.py: a
+        # guest joining, leaving, its link going) until ``note()`` has recorded the result; the
+        # digest comparisons (``settled``) and repairs hold it too. Without it a comparison made
+        # while a join awaited its resolver saw the half-made guest as drift from outside: the
+        # watchdog cut every guest off (questions refused, unlogged) and its repair re-made the
+        # tables without the joining guest, whose packets then met ``deny.unknown_link``
+        # (issue 11's soak: 5 of 100 concurrent sessions got no DNS answer).
+        self.lock = asyncio.Lock()
+        # Who commits to the gateway's namespace (net/nft.py's CommitMonitor): with it, a change
+        # of our own is noted in O(1) (``_stale``: not yet hashed) and the digest is only
+        # computed when someone else committed, or when a snapshot asks for it.
+        self._monitor: CommitMonitor | None = None
+        self._foreign: list[str] = []  # commits by other processes since the last verified digest
+        self._lost = 0
+        self._stale = False
+        self._kernel_pid = -1
 
     # -- the ruleset ------------------------------------------------------------------------------
 
     def ruleset_digest(self) -> str:
-        return integrity.ruleset_digest(self._listing())
+        return integrity.live_digest(self.gw.nft)
 
     def ruleset_lines(self) -> list[str]:
         return integrity.ruleset_lines(self._listing())
@@ -122,10 +139,11 @@ class SelfCheck:
     def snapshot(self) -> dict[str, Any]:
         """What an agent might change to get online, as the gateway holds it (session drift)."""
         gw = self.gw
+        digest = self._verified_digest()
         return {
             "ruleset": self.ruleset_lines(),
-            "digest": self.ruleset_digest(),
-            "expected": self.expected_digest(),
+            "digest": digest,
+            "expected": self._expected,
             "resolver": {
                 "upstream": list(gw.resolver.upstream.servers),
                 "cut": gw.resolver.cut,
@@ -135,9 +153,89 @@ class SelfCheck:
             "forwarding": gw.plumber.forwarding(),
         }
 
+    def watch_commits(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From now on, tell our own commits from others' (call after the first ``note()``).
+
+        One commit of ours first (a chain made and deleted in one transaction: the rules do
+        not change) to learn the pid the kernel gives us: in a pid namespace (a pod) it is not
+        ``os.getpid()``. A kernel that sends no notification keeps the digest after every
+        change, as before."""
+        monitor = CommitMonitor()
+        probe = {"family": "inet", "table": TABLE, "name": "sg_commit_probe"}
+        self.gw.nft.run(batch({"add": {"chain": probe}}, {"delete": {"chain": probe}}))
+        seen = monitor.read()
+        if not seen:
+            monitor.close()
+            return
+        self._kernel_pid = seen[-1].pid
+        self._monitor = monitor
+        loop.add_reader(monitor.fileno(), self._drain)
+
+    def _ours(self, pid: int) -> bool:
+        """A commit by this process: the loop's thread as the kernel names it, or a thread
+        of ours (its id as this pid namespace sees it)."""
+        if pid == self._kernel_pid or pid == os.getpid():
+            return True
+        return pid > 0 and os.path.exists(f"/proc/self/task/{pid}")
+
+    def _drain(self) -> None:
+        if self._monitor is None:
+            return
+        for commit in self._monitor.read():
+            if not self._ours(commit.pid):
+                self._foreign.append(f"{commit.name or '?'} (pid {commit.pid})")
+        if self._monitor.overruns != self._lost:
+            self._lost = self._monitor.overruns
+            self._foreign.append("(commit notifications lost)")
+
     def note(self) -> None:
-        """The gateway changed its own rules: this is now what they must look like."""
+        """The gateway changed its own rules: this is now what they must look like. With the
+        commit monitor that costs nothing: the rules are hashed when a comparison needs it."""
+        if self._monitor is None:
+            self._expected = self.ruleset_digest()
+            return
+        self._drain()  # what came before our change is judged as before
+        self._stale = True
+
+    def note_verified(self) -> None:
+        """After a repair: the rules as they are now are the gateway's, whoever committed."""
+        self._drain()
+        self._foreign.clear()
         self._expected = self.ruleset_digest()
+        self._stale = False
+
+    def drifted(self) -> bool:
+        """Whether someone other than the gateway changed its rules (hold ``settled()``)."""
+        if self._monitor is None:
+            return self.ruleset_digest() != self._expected
+        self._drain()
+        if not self._foreign:
+            return False  # every commit since the last verified digest was our own
+        if self._stale:
+            return True  # another's commit among ours not yet hashed: cannot tell them apart
+        if self.ruleset_digest() == self._expected:
+            self._foreign.clear()  # it changed nothing the digest covers (a pinned address)
+            return False
+        return True
+
+    def _verified_digest(self) -> str:
+        """The digest now; when only we have committed since the last one, it is also what
+        the rules must look like (``_expected``)."""
+        self._drain()
+        digest = self.ruleset_digest()
+        self._drain()
+        if self._monitor is not None and self._stale and not self._foreign:
+            self._expected, self._stale = digest, False
+        return digest
+
+    def settled(self) -> asyncio.Lock:
+        """Hold it to compare the ruleset with ``expected_digest()``: no change of the gateway's
+        own is half made meanwhile."""
+        return self.lock
+
+    async def snapshot_settled(self) -> dict[str, Any]:
+        async with self.lock:
+            return self.snapshot()
 
     # -- probes -----------------------------------------------------------------------------------
 
@@ -219,7 +317,12 @@ class SelfCheck:
         await gw.netlink_call(gw.plumber.enable_forwarding)
 
     async def repair(self) -> None:
-        """Re-apply every rule and restart every listener from what the gateway knows."""
+        """Re-apply every rule and restart every listener from what the gateway knows (under
+        the lock: a guest joining meanwhile would lose its rules to the new tables)."""
+        async with self.lock:
+            await self._repair()
+
+    async def _repair(self) -> None:
         gw = self.gw
         cmds, sites = base_ruleset(
             gw.cfg.uplink.ifname, gw.pool, public_override=gw.public_override, limits=gw.limits
@@ -230,7 +333,7 @@ class SelfCheck:
             iptables.install(gw.gate.gate)
         for guest in gw.all_guests():
             await self._repair_guest(guest)
-        self.note()
+        self.note_verified()
 
     async def _repair_guest(self, guest: GuestView) -> None:
         gw = self.gw

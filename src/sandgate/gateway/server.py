@@ -181,6 +181,7 @@ class Gateway:
         heartbeat = asyncio.ensure_future(self._heartbeat()) if handed else None
         self.feed.open(loop)
         self.check.note()
+        self.check.watch_commits(loop)
         await self.guests_.reattach()
         if self.cfg.watchdog:
             await self.guests_.start_canary()
@@ -341,7 +342,7 @@ class Gateway:
         return watchdog_status(self.watchdog, self.cfg.watchdog)
 
     async def _snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return self.check.snapshot()
+        return await self.check.snapshot_settled()
 
     async def _reload(self, msg: dict[str, Any]) -> dict[str, Any]:
         return self.guests_.reload(str(msg["policy"]))

@@ -15,6 +15,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,8 +25,8 @@ from sandgate.events.schema import Event, Kind
 class Watched(Protocol):
     """What the watchdog needs of the gateway (gateway/server.py implements it)."""
 
-    def ruleset_digest(self) -> str: ...
-    def expected_digest(self) -> str: ...
+    def drifted(self) -> bool: ...  # the ruleset changed by someone else (hold settled())
+    def settled(self) -> AbstractAsyncContextManager[Any]: ...  # no change of its own half made
     async def probe_canary(self) -> list[str]: ...
     async def probe_services(self) -> list[str]: ...
     def policy_problems(self) -> list[str]: ...
@@ -65,8 +66,9 @@ class Watchdog:
         """One round; returns the problems found (empty: all is well)."""
         g = self.gateway
         problems: list[str] = []
-        digest = g.ruleset_digest()
-        if digest != g.expected_digest():
+        async with g.settled():
+            drifted = g.drifted()
+        if drifted:
             problems.append("the gateway's ruleset was changed from outside")
         problems += await g.probe_services()
         problems += await g.probe_canary()

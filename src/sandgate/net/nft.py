@@ -15,13 +15,17 @@ import ctypes.util
 import functools
 import json
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from sandgate.errors import RulesetRejected, SetupError
+from sandgate.net.netlink import NFGENMSG, NetfilterSocket, NetlinkParseError, nl_attrs, nl_messages
 from sandgate.net.ns import NsThread
 
+_OUTPUT_STATELESS = 1 << 2
 _OUTPUT_HANDLE = 1 << 3
 _OUTPUT_JSON = 1 << 4
+_OUTPUT_TERSE = 1 << 11
 _OUTPUT_NUMERIC_ALL = (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10)
 
 Json = dict[str, Any]
@@ -85,6 +89,19 @@ class Nft:
             )
         return json.loads(out) if out.strip() else None
 
+    def list_text(self, command: str) -> str | None:
+        """A text ``list`` command's output without counts or handles (the same rules always
+        print the same text), or None if the object does not exist. ``terse`` leaves out the
+        elements of named sets; list a set by itself to see them."""
+        self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_STATELESS | _OUTPUT_TERSE)
+        try:
+            rc = self._lib.nft_run_cmd_from_buffer(self._ctx, command.encode())
+            out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
+            self._lib.nft_ctx_get_error_buffer(self._ctx)  # drained: the next call's is its own
+        finally:
+            self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON | _OUTPUT_HANDLE)
+        return out.decode(errors="replace") if rc == 0 else None
+
     def list_table(self, family: str, table: str) -> list[Json]:
         result = self.run({"nftables": [{"list": {"table": {"family": family, "name": table}}}]})
         return list((result or {}).get("nftables", []))
@@ -117,6 +134,9 @@ class NftIn:
     def run(self, command: Json | str) -> Json | None:
         return self._worker.call(lambda: self._nft.run(command))
 
+    def list_text(self, command: str) -> str | None:
+        return self._worker.call(lambda: self._nft.list_text(command))
+
     def list_table(self, family: str, table: str) -> list[Json]:
         return self._worker.call(lambda: self._nft.list_table(family, table))
 
@@ -129,3 +149,56 @@ class NftIn:
 
 def batch(*commands: Json) -> Json:
     return {"nftables": list(commands)}
+
+
+# The kernel's note of every committed nftables transaction (include/uapi/linux/netfilter/
+# nf_tables.h): NFT_MSG_NEWGEN on NFNLGRP_NFTABLES, with the committing task's pid and name.
+NFNLGRP_NFTABLES = 7
+_NEWGEN = (10 << 8) | 15  # NFNL_SUBSYS_NFTABLES, NFT_MSG_NEWGEN
+_GEN_PROC_PID, _GEN_PROC_NAME = 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One transaction committed in the namespace: by which task (a thread's id) and name."""
+
+    pid: int
+    name: str
+
+
+class CommitMonitor:
+    """Who commits nftables changes in this (the calling thread's) namespace.
+
+    One message per transaction, whatever its size, so a watcher learns "something else
+    changed the rules" without listing them. ``overruns`` says when notifications were lost
+    (then nothing can be vouched for)."""
+
+    def __init__(self) -> None:
+        self._sock = NetfilterSocket(groups=1 << (NFNLGRP_NFTABLES - 1))
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    @property
+    def overruns(self) -> int:
+        return self._sock.overruns
+
+    def read(self) -> list[Commit]:
+        """The commits notified so far; never blocks."""
+        out: list[Commit] = []
+        for dgram in self._sock.recv_datagrams():
+            try:
+                for mtype, _flags, _seq, start, end in nl_messages(dgram):
+                    if mtype != _NEWGEN:
+                        continue
+                    attrs = nl_attrs(dgram, start + NFGENMSG.size, end)
+                    raw_pid = attrs.get(_GEN_PROC_PID, b"")
+                    pid = int.from_bytes(raw_pid, "big") if len(raw_pid) == 4 else -1
+                    name = attrs.get(_GEN_PROC_NAME, b"").rstrip(b"\0").decode(errors="replace")
+                    out.append(Commit(pid, name))
+            except NetlinkParseError:
+                out.append(Commit(-1, "(unreadable notification)"))
+        return out
+
+    def close(self) -> None:
+        self._sock.close()

@@ -11,9 +11,11 @@ one object per line.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ipaddress
 import json
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +54,7 @@ class SuiteOptions:
     notify: str | None = None
     on_row: Callable[[Row], None] | None = None  # called as each session ends
     limits: Limits = field(default_factory=Limits)  # --pids/--memory/--cpus for each session
+    parallel: int = 1  # sessions at once on the one gateway (rows still in task order)
 
 
 @dataclass
@@ -122,13 +125,18 @@ def run_suite_in(
     """The tasks on an existing test-world stack, one fresh session per task and mode."""
     run_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     result = SuiteResult(run_id, suite.name, opts.agent.name, [])
+    if opts.parallel < 1:
+        raise SandgateError(f"--parallel must be at least 1, not {opts.parallel}")
+    jobs = [(task, mode) for task in selected for mode in opts.modes or task.modes]
     with _prompts() as folder:
-        for task in selected:
-            for mode in opts.modes or task.modes:
+        if opts.parallel == 1:
+            for task, mode in jobs:
                 row = run_task(stack, task, mode, opts, folder, run_id)
                 result.rows.append(row)
                 if opts.on_row is not None:
                     opts.on_row(row)
+        else:
+            result.rows.extend(_run_parallel(stack, jobs, opts, folder, run_id))
     result.saved = save(result, opts.store)
     if opts.notify:
         notify(
@@ -144,6 +152,36 @@ def run_suite_in(
     return result
 
 
+def _run_parallel(
+    stack: Stack,
+    jobs: list[tuple[taskfile.Task, str]],
+    opts: SuiteOptions,
+    folder: Path,
+    run_id: str,
+) -> list[Row]:
+    """Up to ``opts.parallel`` sessions at once, each ``run_in`` in a thread of its own (each
+    has its own guest and sandbox; the gateway serves them all). Rows come back in job order;
+    ``on_row`` is called as each ends, one at a time. A session that raises is an error row, so
+    one failure does not lose the others' results."""
+    lock = threading.Lock()
+
+    def one(task: taskfile.Task, mode: str) -> Row:
+        started = time.monotonic()
+        try:
+            row = run_task(stack, task, mode, opts, folder, run_id)
+        except SandgateError as exc:
+            row = Row(task.id, mode, "error", None, message=exc.message,
+                      seconds=round(time.monotonic() - started, 2))  # fmt: skip
+        if opts.on_row is not None:
+            with lock:
+                opts.on_row(row)
+        return row
+
+    with concurrent.futures.ThreadPoolExecutor(opts.parallel, "sandgate-suite") as pool:
+        futures = [pool.submit(one, task, mode) for task, mode in jobs]
+        return [f.result() for f in futures]
+
+
 def run_task(
     stack: Stack,
     task: taskfile.Task,
@@ -153,7 +191,7 @@ def run_task(
     run_id: str,
 ) -> Row:
     agent = opts.agent
-    prompt = folder / f"{task.id}.txt"
+    prompt = folder / f"{task.id}-{mode}.txt"  # one per session: parallel ones never share it
     text = task.prompt.rstrip("\n") + "\n"
     prompt.write_text(f"{task_marker(task.id)} {text}" if agent.tag_task else text)
     extra = agent.prepare(task.id, mode) if agent.prepare is not None else {}
