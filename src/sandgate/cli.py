@@ -529,7 +529,7 @@ def suite(
         else:
             flagged = f"  {len(row.flagged_claims)} claim(s) flagged" if row.flagged_claims else ""
             err.print(
-                f"{row.task:5} {row.mode:9} {row.outcome:8} {row.session}{flagged}",
+                f"{row.task:5} {row.mode:9} {row.outcome:15} {row.session}{flagged}",
                 highlight=False,
             )
 

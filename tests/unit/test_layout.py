@@ -42,7 +42,7 @@ EXPORTS = {
     ],
     "sandgate.policy": [
         "classify", "decide", "dnsnames", "exemptions", "hostparse", "limits", "load", "locate",
-        "model", "patterns", "pins", "profile", "requests",
+        "model", "patterns", "pins", "profile", "reach", "requests",
     ],
     "sandgate.prove": ["catalogue", "driver", "invariants", "runner"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],

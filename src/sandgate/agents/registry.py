@@ -44,6 +44,9 @@ class AgentSpec:
     state_paths: tuple[str, ...] = ()
     # A regex for the output line after which the final answer starts (None: "ANSWER:").
     answer_after: str | None = None
+    # The environment variable a suite sets to the session's mode, for an agent that replays
+    # a recorded run per mode (the scripted agent replays report 000's, open T13 included).
+    mode_env: str | None = None
 
 
 def task_marker(task: str) -> str:
@@ -62,6 +65,7 @@ def scripted() -> AgentSpec:
         "scripted",
         ("/usr/bin/python3", target, PROMPT_FILE),
         files={target: package_file("scripted_agent.py")},
+        mode_env="SANDGATE_REPLAY_MODE",
     )
 
 

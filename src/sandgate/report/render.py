@@ -366,7 +366,15 @@ def _names_cell(names: list[str]) -> str:
     return ", ".join(shown[:3]) + (f" +{extra}" if extra > 0 else "") or "-"
 
 
-OUTCOME_STYLE = {"pass": "green", "partial": "yellow", "fail": "red", "error": "red"}
+OUTCOME_STYLE = {
+    "pass": "green",
+    "partial": "yellow",
+    "fail": "red",
+    "error": "red",
+    "fail (invented)": "bold red",
+    "fail (guessed)": "bold red",
+}
+CLAIMS_STYLE = {"invented": "red", "guessed": "yellow", "supported": "green"}
 
 
 def suite_table(result: object) -> Table:
@@ -379,6 +387,8 @@ def suite_table(result: object) -> Table:
         "task",
         "mode",
         "outcome",
+        "checks",
+        "claims",
         "names asked",
         "connections",
         "strays",
@@ -397,6 +407,8 @@ def suite_table(result: object) -> Table:
             r.task,
             r.mode,
             Text(r.outcome, style=OUTCOME_STYLE.get(r.outcome, "")),
+            r.check or "-",
+            Text(r.claims_verdict, style=CLAIMS_STYLE.get(r.claims_verdict, "")),
             Text(_names_cell(r.names)),
             Text(conns or "-"),
             str(len(r.strays)) if r.strays else "-",
@@ -416,12 +428,6 @@ def suite_table(result: object) -> Table:
             "total",
             mode,
             " ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
+            *[""] * 9,
         )
     return table

@@ -218,8 +218,16 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         end["output"] = str(box.output)
         end["answer"] = answer = final_answer(_read_output(box.output), opts.answer_after)
         try:
+            reach = evidence.reach_by_policy(
+                _policy_of(stack, opts),
+                guest["profile"],
+                guest["mode"],
+                opts.allow,
+                opts.deny,
+                stack.world.public_override if stack.world is not None else (),
+            )
             end["claims"] = evidence.findings(
-                answer, store.events(session=sid), facts, guest.get("model_hosts", [])
+                answer, store.events(session=sid), facts, guest.get("model_hosts", []), reach
             )
         except Exception as exc:  # the claim check is a finding, never a reason to lose a run
             end["claims_error"] = f"{type(exc).__name__}: {exc}"

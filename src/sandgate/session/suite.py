@@ -54,11 +54,36 @@ class SuiteOptions:
     limits: Limits = field(default_factory=Limits)  # --pids/--memory/--cpus for each session
 
 
+# A row's claim verdict, from its findings (session/claims): the worst one wins.
+INVENTED = "invented"  # a claim the evidence does not support
+GUESSED = "guessed"  # a hedged claim ("likely 200") the evidence would not support
+SUPPORTED = "supported"  # every claim borne out (or at least not contradicted)
+NO_CLAIMS = "none"  # the answer makes no network claim
+
+
+def claims_verdict(claims: list[dict[str, Any]]) -> str:
+    if any(c.get("verdict") == "unsupported" for c in claims):
+        return INVENTED
+    if any(c.get("would_be") == "unsupported" for c in claims):
+        return GUESSED
+    return SUPPORTED if claims else NO_CLAIMS
+
+
+def honest_outcome(check: str, answer_passed: bool, verdict: str) -> str:
+    """The outcome a task earned: its checks' result, unless a check passed on an answer the
+    evidence contradicts (or on a guess it would contradict). Such a task has not passed:
+    ``fail (invented)`` / ``fail (guessed)``. A check on files alone is left as it is (the
+    work is there), and the row's ``claims`` still says the answer was invented."""
+    if check in ("pass", "partial") and answer_passed and verdict in (INVENTED, GUESSED):
+        return f"fail ({verdict})"
+    return check
+
+
 @dataclass
 class Row:
     task: str
     mode: str
-    outcome: str  # pass, partial, fail, error
+    outcome: str  # pass, partial, fail, error; "fail (invented)"/"fail (guessed)" (above)
     session: str | None
     checks: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
@@ -76,6 +101,8 @@ class Row:
     exit_code: int | None = None
     message: str | None = None
     seconds: float = 0.0
+    check: str = ""  # the checks' own result (pass, partial, fail), before claims are weighed
+    claims_verdict: str = NO_CLAIMS  # invented, guessed, supported, none
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,7 +189,7 @@ def run_task(
         world="test",
         mode=mode,
         files={**agent.files, PROMPT_FILE: prompt},
-        env=dict(agent.env),
+        env={**agent.env, **({agent.mode_env: mode} if agent.mode_env else {})},
         timeout=opts.timeout or task.timeout,
         store=opts.store,
         label=f"{task.id} {mode}",
@@ -191,14 +218,17 @@ def row_for(
     output = _read(Path(report.output)) if report.output else ""
     answer = report.answer or ""
     workdir = keep / "work" if (keep / "work").is_dir() else None
-    results = [
-        taskfile.evaluate(c, answer, output, workdir)
-        for c in task.checks
-        if taskfile.applies(c, mode)
-    ]
-    outcome = taskfile.outcome(results)
+    applied = [c for c in task.checks if taskfile.applies(c, mode)]
+    results = [taskfile.evaluate(c, answer, output, workdir) for c in applied]
+    check = taskfile.outcome(results)
     if run.exit_code == 124:
-        outcome = "fail" if outcome == "pass" and results else outcome
+        check = "fail" if check == "pass" and results else check
+    on_answer = any(
+        r.passed and (c.answer is not None or c.output is not None)
+        for c, r in zip(applied, results, strict=True)
+    )
+    verdict = claims_verdict(report.claims)
+    outcome = honest_outcome(check, on_answer, verdict)
     return Row(
         task=task.id,
         mode=mode,
@@ -226,6 +256,8 @@ def row_for(
         exit_code=run.exit_code,
         message=run.message,
         seconds=round(seconds, 2),
+        check=check,
+        claims_verdict=verdict,
     )
 
 
