@@ -48,7 +48,7 @@ EXPORTS = {
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],
     "sandgate.sandbox": ["bwrap", "launch", "limits", "privilege", "tree", "workspace"],
     "sandgate.session": [
-        "claims", "demo", "drift", "evidence", "runner", "stack", "suite", "tasks",
+        "claims", "demo", "drift", "evidence", "modeluse", "runner", "stack", "suite", "tasks",
         "retention",
     ],
     "sandgate.session.claims": [

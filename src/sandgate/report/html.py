@@ -186,6 +186,10 @@ def _meta(r: SessionReport) -> str:
             ),
         ),
     ]
+    if r.model_use:
+        from sandgate.report.render import model_use_line
+
+        rows.append(("model server", esc(model_use_line(r.model_use))))
     if r.message:
         rows.append(("message", f"<span class='deny'>{esc(r.message)}</span>"))
     body = "".join(f"<tr><td>{esc(k)}</td><td>{v}</td></tr>" for k, v in rows)

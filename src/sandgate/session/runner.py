@@ -40,7 +40,7 @@ from sandgate.sandbox.launch import (
 )
 from sandgate.sandbox.tree import compare
 from sandgate.sandbox.workspace import WorkspaceSpec, stray_files
-from sandgate.session import drift, evidence
+from sandgate.session import drift, evidence, modeluse
 from sandgate.session.stack import Stack, stack_for
 
 UID_BASE = 61000
@@ -130,6 +130,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     counters: dict[str, Any] = {}
     findings: dict[str, Any] = {}
     box: Sandbox | None = None
+    started_at: float | None = None
     guest: dict[str, Any] | None = None
     cgroup: limits.Cgroup | None = None
     usage: limits.Usage | None = None
@@ -155,6 +156,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             details=start_details or None,
         )
         keep.mkdir(parents=True, exist_ok=True)
+        started_at = time.time()
         try:
             exit_code = box.run(
                 spec,
@@ -209,6 +211,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         if hits and not message:
             message = "; ".join(h["text"] for h in hits)
     end = {**findings, "counters": counters, **({"message": message} if message else {})}
+    if stack.world is not None and started_at is not None:
+        end["model_use"] = _model_use(stack.world.logs, started_at, time.time())
     if cgroup is not None:
         end["limits"] = cgroup.as_json()
         end["limit_hits"] = hits
@@ -239,6 +243,13 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         notify(opts.notify, {"event": "session-end", **report_summary(report)})
     _retain(opts.store, sid)
     return RunResult(sid, exit_code, report, message)
+
+
+def _model_use(logs: dict[str, Path], start: float, end: float) -> dict[str, Any]:
+    """The session's requests to the test world's model servers (the LAN one and the hosted
+    look-alike), from their own logs (session/modeluse.py)."""
+    records = [r for k in ("model", "openai") if k in logs for r in modeluse.read_log(logs[k])]
+    return modeluse.summarize(records, start, end).as_json()
 
 
 def _retain(store: str | None, sid: str) -> None:

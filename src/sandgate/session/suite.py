@@ -103,6 +103,7 @@ class Row:
     seconds: float = 0.0
     check: str = ""  # the checks' own result (pass, partial, fail), before claims are weighed
     claims_verdict: str = NO_CLAIMS  # invented, guessed, supported, none
+    model_use: dict[str, Any] = field(default_factory=dict)  # session/modeluse.py
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -258,6 +259,7 @@ def row_for(
         seconds=round(seconds, 2),
         check=check,
         claims_verdict=verdict,
+        model_use=report.model_use,
     )
 
 
