@@ -142,6 +142,13 @@ MemoryOpt = Annotated[
 CpusOpt = Annotated[
     str | None, typer.Option("--cpus", help="CPU time per session in cores, e.g. 1.5")
 ]
+# issue 15: the test world's model server (scripted, or a real model: world/llm.py)
+WorldModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--world-model", help="the test world's model: scripted (default) or smollm2 (llama.cpp)"
+    ),
+]
 
 
 def _limits(pids: str | None, memory: str | None, cpus: str | None) -> Any:
@@ -513,6 +520,7 @@ def suite(
     pids: PidsOpt = None,
     memory: MemoryOpt = None,
     cpus: CpusOpt = None,
+    world_model: WorldModelOpt = None,
 ) -> None:
     """Run every task of a task file in each mode, each in a fresh session; a results table."""
     from sandgate.agents.registry import resolve
@@ -544,6 +552,7 @@ def suite(
             notify=notify,
             on_row=on_row,
             limits=_limits(pids, memory, cpus),
+            world_model=world_model,
         )
         result = run_suite(opts)
     except SandgateError as exc:
@@ -1002,6 +1011,7 @@ def up(
         str | None,
         typer.Option("--notify", help="on an alarm: run this command, or POST to this URL"),
     ] = None,
+    world_model: WorldModelOpt = None,
 ) -> None:
     """Bring up a gateway and keep it until Ctrl-C or `sandgate down`; restart it if it dies."""
     import signal as _signal
@@ -1020,8 +1030,15 @@ def up(
         preflight()
         if policy is not None:
             load_policy(policy)  # a broken policy file stops here, before anything is built
+        if world_model is not None and world != "test":
+            raise SandgateError("--world-model needs --world test", "add --world test")
         stack = bring_up(
-            name, world=world == "test", watchdog=interval, notify=notify, policy=policy
+            name,
+            world=world == "test",
+            watchdog=interval,
+            notify=notify,
+            policy=policy,
+            world_model=world_model,
         )
     except SandgateError as exc:
         _fail(exc)

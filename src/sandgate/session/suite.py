@@ -37,7 +37,7 @@ from sandgate.session.runner import (
     session_dir,
     signals_raise,
 )
-from sandgate.session.stack import Stack, stack_for
+from sandgate.session.stack import Stack, check_world_model, stack_for
 
 
 @dataclass
@@ -52,6 +52,7 @@ class SuiteOptions:
     notify: str | None = None
     on_row: Callable[[Row], None] | None = None  # called as each session ends
     limits: Limits = field(default_factory=Limits)  # --pids/--memory/--cpus for each session
+    world_model: str | None = None  # --world-model: the test world's model server (world/llm.py)
 
 
 # A row's claim verdict, from its findings (session/claims): the worst one wins.
@@ -139,8 +140,12 @@ def run_suite(opts: SuiteOptions) -> SuiteResult:
             f"no task {', '.join(sorted(missing))} in {opts.tasks}",
             f"tasks there: {', '.join(t.id for t in suite.tasks)}",
         )
+    check_world_model(opts.world_model)  # not installed: how to install it, before anything runs
     preflight()
-    with signals_raise(), stack_for("test", store=opts.store) as stack:
+    with (
+        signals_raise(),
+        stack_for("test", store=opts.store, world_model=opts.world_model) as stack,
+    ):
         return run_suite_in(stack, suite, selected, opts)
 
 
