@@ -49,12 +49,6 @@ def test_no_tokens_reported_is_not_zero_tokens() -> None:
     assert ModelUse().line() == "no request to the model server"
 
 
-def test_shared_window_is_said() -> None:
-    records = [_req(1.0, src="10.99.0.2:4000"), _req(1.5, src="10.99.0.6:4000")]
-    assert summarize(records, 0, 2, sources={"10.99.0.2"}).shared
-    assert not summarize(records[:1], 0, 2, sources={"10.99.0.2"}).shared
-
-
 def test_read_log_skips_torn_lines(tmp_path: Path) -> None:
     log = tmp_path / "model.jsonl"
     log.write_text('{"ts": 1, "event": "request"}\n{"ts": 2, "ev\n[1, 2]\n')

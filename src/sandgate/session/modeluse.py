@@ -14,9 +14,9 @@ between streamed chunks); the lines that fall in the session's window are its us
     seconds           the completions' time at the server, summed
     errors, aborted   answers >= 400; streams that stopped before their end
 
-Sessions on one world run one after another in a suite; sessions run at the same time on one
-world share the server, and the window cannot tell them apart (``shared`` says so when the
-log shows a client address the session does not own).
+Attribution is by time window: the server sees every session's requests from the gateway's
+uplink address (10.77.0.2, the gateway fronts and forwards them), so sessions run at the same
+time on one world cannot be told apart here; a suite runs them one after another.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,6 @@ class ModelUse:
     seconds: float = 0.0
     errors: int = 0
     aborted: int = 0
-    shared: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,18 +85,13 @@ def summarize(
     records: Iterable[dict[str, Any]],
     start: float,
     end: float,
-    sources: Collection[str] = (),
 ) -> ModelUse:
-    """The log lines of ``request`` events with ``start <= ts <= end``. ``sources``: client
-    addresses that are the session's (its guest, the gateway that fronts the server); another
-    address in the window marks the use ``shared``."""
+    """The log lines of ``request`` events with ``start <= ts <= end``."""
     mine = [
         r for r in records
         if r.get("event") == "request" and isinstance(r.get("ts"), int | float)
         and start <= float(r["ts"]) <= end
     ]  # fmt: skip
-    hosts = {str(r.get("src", "")).rsplit(":", 1)[0].strip("[]") for r in mine}
-    shared = bool(sources) and bool(hosts - set(sources) - {""})
     comps = [r for r in mine if _COMPLETION in str(r.get("target", ""))]
     streamed = [r for r in comps if r.get("stream")]
 
@@ -120,7 +114,6 @@ def summarize(
         seconds=round(sum(float(r.get("ms") or 0) for r in comps) / 1000, 3),
         errors=sum(1 for r in mine if int(r.get("status") or 0) >= 400),
         aborted=sum(1 for r in streamed if r.get("aborted")),
-        shared=shared,
     )
 
 

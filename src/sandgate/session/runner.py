@@ -211,8 +211,15 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         if hits and not message:
             message = "; ".join(h["text"] for h in hits)
     end = {**findings, "counters": counters, **({"message": message} if message else {})}
+    model_broke = False
     if stack.world is not None and started_at is not None:
-        end["model_use"] = _model_use(stack.world.logs, started_at, time.time())
+        end["model_use"] = use = _model_use(stack.world.logs, started_at, time.time())
+        if use.get("aborted"):
+            # The agent's answer after a broken stream is the model server's failure, not a
+            # claim the agent made: it is reported, and not held against the evidence.
+            model_broke = True
+            broke = f"the model server stopped mid-stream ({use['aborted']} stream(s))"
+            message = end["message"] = f"{message}; {broke}" if message else broke
     if cgroup is not None:
         end["limits"] = cgroup.as_json()
         end["limit_hits"] = hits
@@ -221,20 +228,10 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     if box is not None and box.output is not None:
         end["output"] = str(box.output)
         end["answer"] = answer = final_answer(_read_output(box.output), opts.answer_after)
-        try:
-            reach = evidence.reach_by_policy(
-                _policy_of(stack, opts),
-                guest["profile"],
-                guest["mode"],
-                opts.allow,
-                opts.deny,
-                stack.world.public_override if stack.world is not None else (),
-            )
-            end["claims"] = evidence.findings(
-                answer, store.events(session=sid), facts, guest.get("model_hosts", []), reach
-            )
-        except Exception as exc:  # the claim check is a finding, never a reason to lose a run
-            end["claims_error"] = f"{type(exc).__name__}: {exc}"
+        if model_broke:
+            end["claims_skipped"] = "the model server stopped mid-stream"
+        else:
+            end.update(_claims(stack, opts, guest, store, sid, answer, facts))
     store.session_end(sid, exit_code, {**start_details, **end})
     export_ocsf(keep / OCSF_FILE, store.events_with_ids(session=sid))
     report = build_report(store.session(sid), store.events(session=sid), counters)
@@ -243,6 +240,33 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         notify(opts.notify, {"event": "session-end", **report_summary(report)})
     _retain(opts.store, sid)
     return RunResult(sid, exit_code, report, message)
+
+
+def _claims(
+    stack: Stack,
+    opts: RunOptions,
+    guest: dict[str, Any],
+    store: Store,
+    sid: str,
+    answer: str,
+    facts: Any,
+) -> dict[str, Any]:
+    """The claim check's findings (``claims``), or why it failed (``claims_error``)."""
+    try:
+        reach = evidence.reach_by_policy(
+            _policy_of(stack, opts),
+            guest["profile"],
+            guest["mode"],
+            opts.allow,
+            opts.deny,
+            stack.world.public_override if stack.world is not None else (),
+        )
+        found = evidence.findings(
+            answer, store.events(session=sid), facts, guest.get("model_hosts", []), reach
+        )
+    except Exception as exc:  # the claim check is a finding, never a reason to lose a run
+        return {"claims_error": f"{type(exc).__name__}: {exc}"}
+    return {"claims": found}
 
 
 def _model_use(logs: dict[str, Path], start: float, end: float) -> dict[str, Any]:

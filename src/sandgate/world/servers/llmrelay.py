@@ -140,6 +140,9 @@ class Relay:
                 yield data
         except httpx.HTTPError as exc:
             log["upstream_error"] = type(exc).__name__
+        except GeneratorExit:  # the client left: not the model server's failure
+            log["client_left"] = done = True
+            raise
         finally:
             await resp.aclose()
             log["aborted"] = not done
