@@ -55,7 +55,7 @@ EXPORTS = {
         "Claim", "ClaimKind", "Evidence", "FileFact", "Finding", "Verdict", "check_claims",
         "extract_claims", "flagged",
     ],
-    "sandgate.world": ["fixtures", "servers", "topology"],
+    "sandgate.world": ["fixtures", "llm", "servers", "topology"],
     "sandgate.world.servers": [],  # each server is run as its own process (python -m ...)
 }  # fmt: skip
 

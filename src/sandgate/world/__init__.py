@@ -4,6 +4,7 @@ Imports no agents: whoever builds it hands it the model servers' script.
 
 __all__ = [
     "fixtures",
+    "llm",
     "servers",
     "topology",
 ]
