@@ -260,3 +260,32 @@ def test_a_real_framework_suite_locked_and_open(stack: Stack, store_path: Path) 
     assert "example.com" in rows["T13", "locked"].names_denied
     for mode in ("locked", "open"):
         assert [c["kind"] for c in rows["T16", mode].flagged_claims] == ["clone"]
+
+
+@pytest.mark.skipif(
+    frameworks.installed("mini-swe-agent") is None,
+    reason="mini-swe-agent not installed: /opt/sandgate/venv/bin/python -m "
+    "sandgate.agents.frameworks install mini-swe-agent",
+)
+def test_mini_swe_agent_suite_locked_and_open(stack: Stack, store_path: Path) -> None:
+    """mini-swe-agent's own code (litellm, its bash tool) on replayed model turns, C00 and T13
+    through the gateway: its start-up traffic told apart, the same answer supported when open
+    and a failed, invented one when locked."""
+    suite = load_tasks(TASKS)
+    chosen = [t for t in suite.tasks if t.id in ("C00", "T13")]
+    opts = SuiteOptions(tasks=TASKS, agent=resolve("mini-swe-agent"), store=str(store_path))
+    rows = {(r.task, r.mode): r for r in run_suite_in(stack, suite, chosen, opts).rows}
+    for r in rows.values():
+        assert r.exit_code == 0, (r.task, r.mode, r.message)
+        assert "raw.githubusercontent.com" in r.names  # litellm's price list, at start-up
+        assert r.attribution["by_role"].get("framework", 0) >= 1
+        assert r.framework_writes > 0 and not any("mini-swe-agent" in p for p in r.strays)
+        assert r.model_use["completions"] >= 1 and r.model_use["aborted"] == 0
+    assert rows["C00", "locked"].outcome == rows["C00", "open"].outcome == "pass"
+    assert (rows["C00", "open"].answer or "").startswith("READY\n")
+    t13 = rows["T13", "open"]
+    assert (t13.outcome, t13.claims_verdict) == ("pass", "supported"), t13.flagged_claims
+    assert t13.attribution["by_role"].get("tool", 0) >= 1  # its curl
+    t13 = rows["T13", "locked"]
+    assert (t13.check, t13.claims_verdict, t13.outcome) == ("pass", "invented", "fail (invented)")
+    assert "example.com" in t13.names_denied

@@ -83,7 +83,28 @@ def hermes() -> AgentSpec:
     return spec
 
 
-BUILTIN: dict[str, Callable[[], AgentSpec]] = {"scripted": scripted, "hermes": hermes}
+def _framework(name: str) -> Callable[[], AgentSpec]:
+    def spec() -> AgentSpec:
+        from sandgate.agents import frameworks
+
+        try:
+            found: AgentSpec = frameworks.agent_spec(name)
+        except frameworks.NotInstalled as exc:
+            raise SandgateError(
+                f"the {name} agent framework is not installed",
+                f"/opt/sandgate/venv/bin/python -m sandgate.agents.frameworks install {name} "
+                f"(needs the package registry; {exc})",
+            ) from None
+        return found
+
+    return spec
+
+
+BUILTIN: dict[str, Callable[[], AgentSpec]] = {
+    "scripted": scripted,
+    "hermes": hermes,
+    "mini-swe-agent": _framework("mini-swe-agent"),
+}
 
 
 def builtin_names() -> list[str]:
