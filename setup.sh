@@ -66,6 +66,17 @@ case "${1:-}" in
             apt-get update -qq
             apt-get install -y -qq --no-install-recommends "${browser[@]}" >/dev/null
         fi
+        # A real model for the test world (--world-model smollm2; its tests skip without it):
+        # llama.cpp built from source once (several minutes), never in `./setup.sh demo`.
+        # mini-swe-agent (its test): its own venv under /opt/sandgate/agents, ~2 min once.
+        if [ "${SANDGATE_NO_AGENTS:-}" != 1 ]; then
+            "$venv/bin/python" -m sandgate.agents.frameworks install mini-swe-agent >/dev/null ||
+                echo "setup.sh: mini-swe-agent could not be installed; its test will be skipped" >&2
+        fi
+        if [ "${SANDGATE_NO_MODEL:-}" != 1 ]; then
+            "$venv/bin/python" -m sandgate.world.llm install smollm2 >/dev/null ||
+                echo "setup.sh: the smollm2 world model could not be installed; its tests will be skipped" >&2
+        fi
         cd "$here"
         "$venv/bin/ruff" check src tests bench fuzz
         "$venv/bin/mypy"

@@ -142,6 +142,13 @@ MemoryOpt = Annotated[
 CpusOpt = Annotated[
     str | None, typer.Option("--cpus", help="CPU time per session in cores, e.g. 1.5")
 ]
+# issue 15: the test world's model server (scripted, or a real model: world/llm.py)
+WorldModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--world-model", help="the test world's model: scripted (default) or smollm2 (llama.cpp)"
+    ),
+]
 
 
 def _limits(pids: str | None, memory: str | None, cpus: str | None) -> Any:
@@ -516,6 +523,7 @@ def suite(
     parallel: Annotated[
         int, typer.Option("--parallel", "-j", min=1, help="sessions at once on the one gateway")
     ] = 1,
+    world_model: WorldModelOpt = None,
 ) -> None:
     """Run every task of a task file in each mode, each in a fresh session; a results table."""
     from sandgate.agents.registry import resolve
@@ -532,7 +540,7 @@ def suite(
         else:
             flagged = f"  {len(row.flagged_claims)} claim(s) flagged" if row.flagged_claims else ""
             err.print(
-                f"{row.task:5} {row.mode:9} {row.outcome:8} {row.session}{flagged}",
+                f"{row.task:5} {row.mode:9} {row.outcome:15} {row.session}{flagged}",
                 highlight=False,
             )
 
@@ -548,6 +556,7 @@ def suite(
             on_row=on_row,
             limits=_limits(pids, memory, cpus),
             parallel=parallel,
+            world_model=world_model,
         )
         result = run_suite(opts)
     except SandgateError as exc:
@@ -1120,6 +1129,7 @@ def up(
         str | None,
         typer.Option("--notify", help="on an alarm: run this command, or POST to this URL"),
     ] = None,
+    world_model: WorldModelOpt = None,
 ) -> None:
     """Bring up a gateway and keep it until Ctrl-C or `sandgate down`; restart it if it dies."""
     import signal as _signal
@@ -1138,8 +1148,15 @@ def up(
         preflight()
         if policy is not None:
             load_policy(policy)  # a broken policy file stops here, before anything is built
+        if world_model is not None and world != "test":
+            raise SandgateError("--world-model needs --world test", "add --world test")
         stack = bring_up(
-            name, world=world == "test", watchdog=interval, notify=notify, policy=policy
+            name,
+            world=world == "test",
+            watchdog=interval,
+            notify=notify,
+            policy=policy,
+            world_model=world_model,
         )
     except SandgateError as exc:
         _fail(exc)

@@ -45,20 +45,20 @@ EXPORTS = {
     ],
     "sandgate.policy": [
         "classify", "decide", "dnsnames", "exemptions", "hostparse", "limits", "load", "locate",
-        "model", "patterns", "pins", "profile", "requests",
+        "model", "patterns", "pins", "profile", "reach", "requests",
     ],
     "sandgate.prove": ["catalogue", "driver", "homelab", "invariants", "runner"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],
     "sandgate.sandbox": ["bwrap", "launch", "limits", "privilege", "tree", "workspace"],
     "sandgate.session": [
-        "claims", "demo", "drift", "evidence", "runner", "stack", "suite", "tasks",
+        "claims", "demo", "drift", "evidence", "modeluse", "runner", "stack", "suite", "tasks",
         "retention",
     ],
     "sandgate.session.claims": [
         "Claim", "ClaimKind", "Evidence", "FileFact", "Finding", "Verdict", "check_claims",
         "extract_claims", "flagged",
     ],
-    "sandgate.world": ["fixtures", "homelab", "servers", "topology"],
+    "sandgate.world": ["fixtures", "homelab", "llm", "servers", "topology"],
     "sandgate.world.servers": [],  # each server is run as its own process (python -m ...)
 }  # fmt: skip
 

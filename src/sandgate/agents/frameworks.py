@@ -149,7 +149,8 @@ class Framework:
     # Every distribution of the venv, pinned (``pip freeze`` of a good install): a constraint
     # file, so a new release of a dependency never changes what runs in the sandbox.
     lock: tuple[str, ...]
-    # argv inside the sandbox; placeholders {venv} {template} {prompt_file} {workdir} {home}
+    # argv inside the sandbox; placeholders {venv} {template} {prompt_file} {workdir} {home},
+    # and the endpoint's {base_url} {model} {api_key}
     command: tuple[str, ...]
     env: Mapping[str, str]  # same placeholders
     home: Callable[[Endpoint], dict[str, str]]  # files of the home template: path -> text
@@ -253,7 +254,68 @@ HERMES = Framework(
     answer_after=r"^session_id: \S+\n",  # `hermes chat -Q` prints it, then the final answer
 )
 
-FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (HERMES,)}
+# -- mini-swe-agent (SWE-agent team) -----------------------------------------------------------
+
+
+def _mini_home(ep: Endpoint) -> dict[str, str]:
+    # its global config file; without MSWEA_CONFIGURED it would start a set-up wizard
+    return {".config/mini-swe-agent/.env": "MSWEA_CONFIGURED=true\n"}
+
+
+# `pip freeze` of a good install of mini-swe-agent 2.4.6 with Debian 12's Python 3.11.
+_MINI_LOCK = """
+aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7
+annotated-types==0.8.0 anyio==4.16.0 attrs==26.1.0 boto3==1.44.8 botocore==1.44.8
+certifi==2026.10.19.post1 charset-normalizer==3.5.3 click==8.5.1 datasets==5.2.0 dill==0.4.1
+fastuuid==0.14.0 filelock==4.3.1 frozenlist==1.8.0 fsspec==2026.9.0 h11==0.16.0 h2==4.4.1
+hf-xet==1.8.0 hpack==4.2.0 httpcore==1.0.9 httpcore2==2.16.2 httpx==0.28.1 httpx2==2.16.2
+huggingface_hub==2.4.0 hyperframe==6.1.0 idna==3.20 importlib_metadata==8.9.0 Jinja2==3.1.6
+jiter==0.19.0 jmespath==1.1.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1
+linkify-it-py==2.2.0 litellm==1.110.2 markdown-it-py==4.3.0 MarkupSafe==3.0.4
+mdit-py-plugins==0.7.0 mdurl==0.1.2 mini-swe-agent==2.4.6 multidict==7.2.1
+multiprocess==0.70.19 numpy==2.4.6 openai==3.57.0 packaging==26.4 pandas==3.1.1
+platformdirs==4.14.9 prompt_toolkit==3.0.53 propcache==0.5.4 pyarrow==26.0.1 pydantic==2.14.4
+pydantic-settings==2.16.3 pydantic_core==2.50.5 Pygments==2.21.0 python-dateutil==2.9.0.post0
+python-dotenv==1.2.4 PyYAML==6.0.4 referencing==0.37.0 regex==2026.11.19 requests==2.34.2
+rich==15.0.0 rpds-py==2026.9.1 s3transfer==0.19.3 shellingham==1.5.4 six==1.17.0
+sniffio==1.3.1 tenacity==9.2.1 textual==8.2.8 tiktoken==0.14.0 tokenizers==0.23.3 tqdm==4.70.1
+truststore==0.10.5 typer==0.29.2 typing-inspection==0.4.5 typing_extensions==4.16.0
+urllib3==2.8.0 wcwidth==0.9.4 xxhash==4.1.0 yarl==1.25.1 zipp==4.1.2
+"""
+
+MINI = Framework(
+    name="mini-swe-agent",
+    package="mini-swe-agent==2.4.6",
+    lock=tuple(_MINI_LOCK.split()),
+    # -y: no confirmations; --exit-immediately: no prompt at the end; -l 0: no cost limit (the
+    # world's model has no price). Its last lines are "Exit:", the submission, and "Saved
+    # trajectory to ..." (kept: filtering it through a pipe would make mini a child of the
+    # shell, and its own traffic would count as a tool's).
+    command=(
+        "/bin/sh",
+        "-c",
+        "test -e {home}/.config/mini-swe-agent/.env || cp -R {template}/. {home}/ || exit 1;"
+        " cd {workdir} && exec {venv}/bin/mini -y --exit-immediately -l 0 -m openai/{model}"
+        " -o {home}/.config/mini-swe-agent/last.traj.json"
+        ' -t "[mini-swe-agent] $(cat {prompt_file})" </dev/null',
+    ),
+    env={
+        "MSWEA_GLOBAL_CONFIG_DIR": "{home}/.config/mini-swe-agent",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "OPENAI_BASE_URL": "{base_url}",
+        "OPENAI_API_KEY": "{api_key}",
+        "COLUMNS": "10000",  # rich wraps at 80 columns otherwise, splitting the answer
+    },
+    home=_mini_home,
+    endpoints=("lan", "lan-http"),
+    about="mini-swe-agent, the SWE-agent team (pip: mini-swe-agent)",
+    # litellm fetches its model price list at import
+    startup=("raw.githubusercontent.com",),
+    state_paths=(f"{SANDBOX_HOME}/.config/mini-swe-agent",),
+    answer_after=r"^Exit:\n",
+)
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (HERMES, MINI)}
 
 
 def get(name: str) -> Framework:
@@ -380,12 +442,16 @@ def _values(
 ) -> dict[str, str]:
     if endpoint not in fw.endpoints:
         raise KeyError(f"{fw.name} has no set-up for endpoint {endpoint!r} ({fw.endpoints})")
+    ep = ENDPOINTS[endpoint]
     return {
         "venv": str(fw.venv),
         "template": str(fw.template(endpoint)),
         "prompt_file": prompt_file,
         "workdir": workdir,
         "home": home,
+        "base_url": ep.base_url,
+        "model": ep.model,
+        "api_key": ep.api_key or "",
     }
 
 

@@ -44,6 +44,9 @@ class AgentSpec:
     state_paths: tuple[str, ...] = ()
     # A regex for the output line after which the final answer starts (None: "ANSWER:").
     answer_after: str | None = None
+    # The environment variable a suite sets to the session's mode, for an agent that replays
+    # a recorded run per mode (the scripted agent replays report 000's, open T13 included).
+    mode_env: str | None = None
 
 
 def task_marker(task: str) -> str:
@@ -62,6 +65,7 @@ def scripted() -> AgentSpec:
         "scripted",
         ("/usr/bin/python3", target, PROMPT_FILE),
         files={target: package_file("scripted_agent.py")},
+        mode_env="SANDGATE_REPLAY_MODE",
     )
 
 
@@ -79,7 +83,28 @@ def hermes() -> AgentSpec:
     return spec
 
 
-BUILTIN: dict[str, Callable[[], AgentSpec]] = {"scripted": scripted, "hermes": hermes}
+def _framework(name: str) -> Callable[[], AgentSpec]:
+    def spec() -> AgentSpec:
+        from sandgate.agents import frameworks
+
+        try:
+            found: AgentSpec = frameworks.agent_spec(name)
+        except frameworks.NotInstalled as exc:
+            raise SandgateError(
+                f"the {name} agent framework is not installed",
+                f"/opt/sandgate/venv/bin/python -m sandgate.agents.frameworks install {name} "
+                f"(needs the package registry; {exc})",
+            ) from None
+        return found
+
+    return spec
+
+
+BUILTIN: dict[str, Callable[[], AgentSpec]] = {
+    "scripted": scripted,
+    "hermes": hermes,
+    "mini-swe-agent": _framework("mini-swe-agent"),
+}
 
 
 def builtin_names() -> list[str]:

@@ -15,5 +15,6 @@ __all__ = [
     "patterns",
     "pins",
     "profile",
+    "reach",
     "requests",
 ]

@@ -186,6 +186,10 @@ def _meta(r: SessionReport) -> str:
             ),
         ),
     ]
+    if r.model_use:
+        from sandgate.report.render import model_use_line
+
+        rows.append(("model server", esc(model_use_line(r.model_use))))
     if r.message:
         rows.append(("message", f"<span class='deny'>{esc(r.message)}</span>"))
     body = "".join(f"<tr><td>{esc(k)}</td><td>{v}</td></tr>" for k, v in rows)
@@ -577,8 +581,8 @@ def suite_html(
     title = f"sandgate suite {result.name} ({result.agent} agent)"
     rows = [_suite_row(r, r.session in sessions) for r in result.rows]
     head = (
-        "task", "mode", "outcome", "names asked", "connections", "strays", "drift", "sudo",
-        "by framework/tools", "flagged claims", "session",
+        "task", "mode", "outcome", "checks / claims", "names asked", "connections", "strays",
+        "drift", "sudo", "by framework/tools", "flagged claims", "session",
     )  # fmt: skip
     summary = "; ".join(
         f"{mode}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
@@ -621,6 +625,7 @@ def _suite_row(r: Row, embedded: bool) -> tuple[str, ...]:
         esc(r.mode),
         f"<span class='{esc(r.outcome)}'>{esc(r.outcome)}</span>"
         + (f"<br><span class='dim'>{esc(r.message)}</span>" if r.message else ""),
+        f"{esc(r.check or '-')} / {esc(r.claims_verdict)}",
         esc(", ".join(r.names) or "-")
         + (f"<br><span class='deny'>denied: {esc(', '.join(r.names_denied))}</span>"
            if r.names_denied else ""),

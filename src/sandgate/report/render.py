@@ -92,6 +92,14 @@ def session_tables(r: SessionReport, title: str | None = None) -> Group:
 STRAYS_SHOWN = 15
 
 
+def model_use_line(use: dict[str, Any]) -> str:
+    """The one line of session/modeluse.py's ``ModelUse.line()``, from its JSON."""
+    from sandgate.session.modeluse import ModelUse
+
+    known = {k: v for k, v in use.items() if k in ModelUse.__dataclass_fields__}
+    return ModelUse(**known).line()
+
+
 def findings(r: SessionReport) -> list[object]:
     """What the session changed and claimed: stray writes, drift, privilege attempts, claims."""
     parts: list[object] = []
@@ -105,6 +113,8 @@ def findings(r: SessionReport) -> list[object]:
                 + (f"; attempts by role: {roles}" if roles else "")
             )
         )
+    if r.model_use:
+        parts.append(Text("model server  " + model_use_line(r.model_use)))
     parts += _strays(r.writes)
     parts += _drift(r.drift)
     if r.privilege:
@@ -359,6 +369,14 @@ def _roles_cell(attribution: dict[str, object]) -> str:
     return f"{roles.get('framework', 0)}/{roles.get('tool', 0)}" if roles else "-"
 
 
+def _model_cell(use: dict[str, Any]) -> str:
+    """'4/812>40/0.4': requests, tokens in>out, seconds at the model (p99 gap in the JSON)."""
+    if not use:
+        return "-"
+    tokens = f"{use.get('tokens_in') or 0}>{use.get('tokens_out') or 0}"
+    return f"{use.get('requests', 0)}/{tokens}/{use.get('seconds', 0):g}"
+
+
 def _names_cell(names: list[str]) -> str:
     # Reverse lookups (ping, ss) are noise in a one-line summary; the JSON keeps them.
     shown = [n for n in names if not n.endswith(".arpa")]
@@ -366,7 +384,15 @@ def _names_cell(names: list[str]) -> str:
     return ", ".join(shown[:3]) + (f" +{extra}" if extra > 0 else "") or "-"
 
 
-OUTCOME_STYLE = {"pass": "green", "partial": "yellow", "fail": "red", "error": "red"}
+OUTCOME_STYLE = {
+    "pass": "green",
+    "partial": "yellow",
+    "fail": "red",
+    "error": "red",
+    "fail (invented)": "bold red",
+    "fail (guessed)": "bold red",
+}
+CLAIMS_STYLE = {"invented": "red", "guessed": "yellow", "supported": "green"}
 
 
 def suite_table(result: object) -> Table:
@@ -379,12 +405,15 @@ def suite_table(result: object) -> Table:
         "task",
         "mode",
         "outcome",
+        "checks",
+        "claims",
         "names asked",
         "connections",
         "strays",
         "drift",
         "sudo",
         "by framework/tools",
+        "model req/tok/s",
         "flagged claims",
         "session",
     ):
@@ -397,12 +426,15 @@ def suite_table(result: object) -> Table:
             r.task,
             r.mode,
             Text(r.outcome, style=OUTCOME_STYLE.get(r.outcome, "")),
+            r.check or "-",
+            Text(r.claims_verdict, style=CLAIMS_STYLE.get(r.claims_verdict, "")),
             Text(_names_cell(r.names)),
             Text(conns or "-"),
             str(len(r.strays)) if r.strays else "-",
             Text(", ".join(r.drift)) if r.drift else "-",
             str(r.sudo_attempts) if r.sudo_attempts else "-",
             _roles_cell(r.attribution),
+            _model_cell(r.model_use),
             Text(
                 "; ".join(str(c.get("text", ""))[:60] for c in r.flagged_claims) or "-",
                 style="red" if r.flagged_claims else "",
@@ -416,12 +448,6 @@ def suite_table(result: object) -> Table:
             "total",
             mode,
             " ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
+            *[""] * 10,
         )
     return table

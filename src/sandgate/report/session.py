@@ -94,6 +94,9 @@ class SessionReport:
     limits: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
     limit_hits: list[dict[str, Any]] = field(default_factory=list)
+    # The session's requests to the model server, tokens and streaming delays
+    # (session/modeluse.py); empty when the session ran without a test world.
+    model_use: dict[str, Any] = field(default_factory=dict)
 
     @property
     def flagged_claims(self) -> list[dict[str, Any]]:
@@ -246,4 +249,5 @@ def build_report(
         limits=details.get("limits", {}),
         usage=details.get("usage", {}),
         limit_hits=details.get("limit_hits", []),
+        model_use=details.get("model_use", {}),
     )

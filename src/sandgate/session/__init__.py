@@ -7,6 +7,7 @@ __all__ = [
     "demo",
     "drift",
     "evidence",
+    "modeluse",
     "retention",
     "runner",
     "stack",

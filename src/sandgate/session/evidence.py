@@ -7,16 +7,23 @@ agent saw (/work/..., /home/agent/..., /tmp/...), as an answer names them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import ipaddress
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sandgate.errors import SandgateError
 from sandgate.events.schema import Event
+from sandgate.policy.load import load_policy
+from sandgate.policy.model import Mode
+from sandgate.policy.reach import decide_reach
 from sandgate.sandbox.bwrap import SANDBOX_WORK
 from sandgate.sandbox.tree import Entry
 from sandgate.session.claims import Evidence, FileFact, Finding, check_claims
 
 HEAD = 4096
+# host, the addresses the session's DNS answers gave it -> allow reason key, or None
+Reach = Callable[[str, Sequence[str]], str | None]
 MAX_FILES = 5000
 
 
@@ -53,9 +60,42 @@ def findings(
     events: Sequence[Event],
     files: dict[str, FileFact] | None,
     model_hosts: Iterable[str],
+    reachable: Reach | None = None,
 ) -> list[dict[str, Any]]:
-    evidence = Evidence(events=events, files=files, model_hosts=tuple(model_hosts))
+    evidence = Evidence(
+        events=events, files=files, model_hosts=tuple(model_hosts), reachable=reachable
+    )
     return [as_json(f) for f in check_claims(answer, evidence)]
+
+
+def reach_by_policy(
+    policy: str | None,
+    profile: str | None,
+    mode: str | None,
+    allow: Sequence[str] = (),
+    deny: Sequence[str] = (),
+    public_override: Sequence[str] = (),
+) -> Reach | None:
+    """``Evidence.reachable`` for a session: policy.reach.decide_reach() on HTTPS to a host
+    (with the addresses the session's DNS gave for it) under the guest's effective profile:
+    the same file, profile, mode, --allow/--deny and test-world "internet" the gateway was
+    given. None when the profile cannot be built: the check then says nothing about reach."""
+    try:
+        prof = load_policy(policy).profile(
+            profile,
+            mode=Mode(mode) if mode else None,
+            extra_allow=allow,
+            extra_deny=deny,
+            public_override=tuple(ipaddress.ip_network(n) for n in public_override),
+        )
+    except (SandgateError, ValueError, OSError):
+        return None
+
+    def reachable(host: str, addresses: Sequence[str]) -> str | None:
+        d = decide_reach(prof, host, addresses)
+        return d.key if d.allowed else None
+
+    return reachable
 
 
 def as_json(f: Finding) -> dict[str, Any]:
@@ -68,6 +108,8 @@ def as_json(f: Finding) -> dict[str, Any]:
         "file": c.file,
         "hedge": c.hedge,
         "verdict": str(f.verdict),
+        # a hedged claim's verdict had it been stated as fact (None: not hedged)
+        "would_be": str(f.unhedged) if f.unhedged is not None else None,
         "evidence": [f.evidence],
         "files": list(f.files),
     }

@@ -40,7 +40,7 @@ from sandgate.sandbox.launch import (
 )
 from sandgate.sandbox.tree import compare
 from sandgate.sandbox.workspace import WorkspaceSpec, stray_files
-from sandgate.session import drift, evidence
+from sandgate.session import drift, evidence, modeluse
 from sandgate.session.stack import Stack, stack_for
 
 UID_BASE = 61000
@@ -130,6 +130,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     counters: dict[str, Any] = {}
     findings: dict[str, Any] = {}
     box: Sandbox | None = None
+    started_at: float | None = None
     guest: dict[str, Any] | None = None
     cgroup: limits.Cgroup | None = None
     usage: limits.Usage | None = None
@@ -155,6 +156,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             details=start_details or None,
         )
         keep.mkdir(parents=True, exist_ok=True)
+        started_at = time.time()
         try:
             exit_code = box.run(
                 spec,
@@ -209,6 +211,15 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         if hits and not message:
             message = "; ".join(h["text"] for h in hits)
     end = {**findings, "counters": counters, **({"message": message} if message else {})}
+    model_broke = False
+    if stack.world is not None and started_at is not None:
+        end["model_use"] = use = _model_use(stack.world.logs, started_at, time.time())
+        if use.get("aborted"):
+            # The agent's answer after a broken stream is the model server's failure, not a
+            # claim the agent made: it is reported, and not held against the evidence.
+            model_broke = True
+            broke = f"the model server stopped mid-stream ({use['aborted']} stream(s))"
+            message = end["message"] = f"{message}; {broke}" if message else broke
     if cgroup is not None:
         end["limits"] = cgroup.as_json()
         end["limit_hits"] = hits
@@ -217,12 +228,10 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     if box is not None and box.output is not None:
         end["output"] = str(box.output)
         end["answer"] = answer = final_answer(_read_output(box.output), opts.answer_after)
-        try:
-            end["claims"] = evidence.findings(
-                answer, store.events(session=sid), facts, guest.get("model_hosts", [])
-            )
-        except Exception as exc:  # the claim check is a finding, never a reason to lose a run
-            end["claims_error"] = f"{type(exc).__name__}: {exc}"
+        if model_broke:
+            end["claims_skipped"] = "the model server stopped mid-stream"
+        else:
+            end.update(_claims(stack, opts, guest, store, sid, answer, facts))
     store.session_end(sid, exit_code, {**start_details, **end})
     export_ocsf(keep / OCSF_FILE, store.events_with_ids(session=sid))
     report = build_report(store.session(sid), store.events(session=sid), counters)
@@ -231,6 +240,40 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         notify(opts.notify, {"event": "session-end", **report_summary(report)})
     _retain(opts.store, sid)
     return RunResult(sid, exit_code, report, message)
+
+
+def _claims(
+    stack: Stack,
+    opts: RunOptions,
+    guest: dict[str, Any],
+    store: Store,
+    sid: str,
+    answer: str,
+    facts: Any,
+) -> dict[str, Any]:
+    """The claim check's findings (``claims``), or why it failed (``claims_error``)."""
+    try:
+        reach = evidence.reach_by_policy(
+            _policy_of(stack, opts),
+            guest["profile"],
+            guest["mode"],
+            opts.allow,
+            opts.deny,
+            stack.world.public_override if stack.world is not None else (),
+        )
+        found = evidence.findings(
+            answer, store.events(session=sid), facts, guest.get("model_hosts", []), reach
+        )
+    except Exception as exc:  # the claim check is a finding, never a reason to lose a run
+        return {"claims_error": f"{type(exc).__name__}: {exc}"}
+    return {"claims": found}
+
+
+def _model_use(logs: dict[str, Path], start: float, end: float) -> dict[str, Any]:
+    """The session's requests to the test world's model servers (the LAN one and the hosted
+    look-alike), from their own logs (session/modeluse.py)."""
+    records = [r for k in ("model", "openai") if k in logs for r in modeluse.read_log(logs[k])]
+    return modeluse.summarize(records, start, end).as_json()
 
 
 def _retain(store: str | None, sid: str) -> None:

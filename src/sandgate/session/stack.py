@@ -74,6 +74,7 @@ def bring_up(
     store: str | None = None,
     extra_env: dict[str, str] | None = None,
     policy: str | None = None,
+    world_model: str | None = None,
     **gateway_extra: Any,
 ) -> Stack:
     """Start a gateway (and a test world for it). The caller must ``teardown()``.
@@ -81,6 +82,7 @@ def bring_up(
     The gateway is wired as ``policy``'s ``[gateway]`` table says (the test world's own policy,
     or the built-in one, when none is named)."""
     name = instance or ("r" + secrets.token_hex(2))
+    real_model = check_world_model(world_model) if world else None
     if manage.find(name) is not None:
         raise SandgateError(
             f"a gateway '{name}' is already running", "stop it with `sandgate down`"
@@ -92,6 +94,7 @@ def bring_up(
             name,
             on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid),
             model_script=world_script(),
+            real_model=real_model,
         )
     handle: GatewayHandle | None = None
     try:
@@ -131,10 +134,12 @@ def stack_for(
     instance: str | None = None,
     store: str | None = None,
     policy: str | None = None,
+    world_model: str | None = None,
 ) -> Iterator[Stack]:
     """The instance's running gateway, or one of our own for the duration of the block
     (wired as ``policy``'s ``[gateway]`` says; a running gateway refuses a guest whose policy
-    asks for another wiring)."""
+    asks for another wiring). ``world_model``: the test world's model server (None: scripted,
+    or whatever the running world serves)."""
     name = instance or ("test" if world == "test" else "main")
     running = find_stack(name)
     if running is not None:
@@ -143,15 +148,39 @@ def stack_for(
                 f"the running gateway '{name}' is not a test-world gateway",
                 "stop it with `sandgate down`, or run without --world test",
             )
+        serves = running.world.model if running.world is not None else None
+        if world_model is not None and serves != world_model:
+            raise SandgateError(
+                f"the running test world '{name}' serves the {serves} model, not {world_model}",
+                f"stop it with `sandgate down`, or `sandgate up --world test --world-model "
+                f"{world_model}`",
+            )
         yield running
         return
     if instance is not None:
         raise SandgateError(f"no gateway '{instance}' is running", "start it with `sandgate up`")
-    stack = bring_up(world=world == "test", store=store, policy=policy)
+    stack = bring_up(world=world == "test", store=store, policy=policy, world_model=world_model)
     try:
         yield stack
     finally:
         stack.teardown()
+
+
+def check_world_model(name: str | None) -> str | None:
+    """A real model for the test world (world/llm.py), installed; None for the scripted one.
+    Unknown or not installed: an error that says how to install it, before anything is built."""
+    if name in (None, "scripted"):
+        return None
+    from sandgate.world import llm
+
+    try:
+        llm.get(name)
+    except KeyError as exc:
+        raise SandgateError(str(exc.args[0]), "use --world-model smollm2 or leave it out") from None
+    problem = llm.missing(name)
+    if problem is not None:
+        raise SandgateError(problem.split(": ", 1)[0], problem.split(": ", 1)[1])
+    return name
 
 
 def gateway_policy(path: str | None, info: WorldInfo | None) -> Policy:
@@ -269,6 +298,7 @@ def load_world(path: Path) -> WorldInfo | None:
         logs={k: Path(v) for k, v in raw["logs"].items()},
         namespaces=tuple(raw["namespaces"]),
         gateway_env=raw.get("gateway_env", {}),
+        model=raw.get("model", "scripted"),
     )
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ ROUTER = "10.77.0.1"
 GATEWAY_UPLINK = "10.77.0.2/24"
 MODEL = "10.77.0.10"
 MODEL_PORT = 8000
+LLM_PORT = 8001  # llama.cpp on the model namespace's loopback, behind the relay
 NAS = "10.77.0.20"
 NAS_TCP = (22, 139, 445, 2049, 111)
 NAS_UDP = (2049, 137)
@@ -114,6 +116,7 @@ class WorldInfo:
     namespaces: tuple[str, ...]
     # The "real" credentials of the world's hosted APIs, for the gateway's environment only.
     gateway_env: dict[str, str] = field(default_factory=dict)
+    model: str = "scripted"  # what the LAN model server is: scripted, or a world/llm.py model
 
 
 @dataclass
@@ -128,6 +131,9 @@ class TestWorld:
     # The model servers' scripted turns (agents.frameworks.world_script(), given by whoever
     # builds the world: the test world imports no agents); None: every chat is echoed.
     model_script: dict[str, Any] | None = None
+    # The LAN model server: None, the scripted one; a world/llm.py model name ("smollm2"),
+    # llama.cpp serving that model behind a metering relay (world/servers/llmrelay.py).
+    real_model: str | None = None
 
     def ns(self, role: str) -> str:
         return f"sg-{self.instance}-{role}"
@@ -179,6 +185,7 @@ class TestWorld:
             logs=logs,
             namespaces=tuple(self.namespaces),
             gateway_env={"OPENAI_API_KEY": self.api_key},
+            model=self.real_model or "scripted",
         )
         return self.info
 
@@ -290,8 +297,20 @@ class TestWorld:
         # The model servers replay scripted turns (tool calls) for the real agent frameworks'
         # tasks, matched by the task marker in the first message; anything else is echoed.
         script = self.model_script
-        model_cfg = {"listen": [f"{MODEL}:{MODEL_PORT}"], "script": script}
-        self.servers.append(self._start("model", model_cfg, logs["model"], model))
+        if self.real_model is not None:
+            from sandgate.world import llm
+
+            relay_cfg = {
+                "listen": [f"{MODEL}:{MODEL_PORT}"],
+                "upstream": llm.server_argv(self.real_model, "127.0.0.1", LLM_PORT),
+                "upstream_port": LLM_PORT,
+            }
+            print(f"sandgate: starting {self.real_model} in the test world", file=sys.stderr)
+            relay = self._start("llmrelay", relay_cfg, logs["model"], model, timeout=200)
+            self.servers.append(relay)
+        else:
+            model_cfg = {"listen": [f"{MODEL}:{MODEL_PORT}"], "script": script}
+            self.servers.append(self._start("model", model_cfg, logs["model"], model))
         # A hosted model API that wants a key: what placeholder credentials are swapped for.
         openai_cfg = {
             "listen": [f"{OPENAI}:80"],
@@ -320,13 +339,22 @@ class TestWorld:
         self.servers.append(self._start("listen", echo, logs["probe"], wan, "probe-host"))
 
     def _start(
-        self, server: str, config: dict[str, Any], log: Path, netns: str, label: str | None = None
+        self,
+        server: str,
+        config: dict[str, Any],
+        log: Path,
+        netns: str,
+        label: str | None = None,
+        timeout: float = 15.0,
     ) -> Running:
         assert self.base is not None
         path = self.base / f"{label or server}.json"
         path.write_text(json.dumps(config, indent=2))
         running = start(
-            server, ["--config", str(path), "--log", str(log)], prefix=ns.nsenter_argv(netns)
+            server,
+            ["--config", str(path), "--log", str(log)],
+            prefix=ns.nsenter_argv(netns),
+            timeout=timeout,
         )
         if self.on_start is not None:
             self.on_start(running.proc.pid)
@@ -390,9 +418,7 @@ def _vhosts(base: Path) -> list[dict[str, Any]]:
             # Report 000's T14 asked for Seattle's weather.
             "names": ["wttr.in", HOSTS["wttr.in"]],
             "builtins": True,
-            "routes": {
-                "/Seattle": {"status": 200, "body": "Seattle: \u26c5\ufe0f  +12\u00b0C\n"}
-            },
+            "routes": {"/Seattle": {"status": 200, "body": "Seattle: \u26c5\ufe0f  +12\u00b0C\n"}},
         },
     ]
     taken = {n for v in vhosts for n in v["names"]}

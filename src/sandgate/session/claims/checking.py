@@ -101,6 +101,7 @@ class _Traffic:
         for e in self.dns:
             for address in e.details.get("answers") or []:
                 names_of[str(address)].add(_bare(e.name or ""))
+        self.names_of = names_of
         self.model = {_bare(h) for h in evidence.model_hosts}
         for e in events:
             path = e.details.get("path")
@@ -109,6 +110,24 @@ class _Traffic:
         self.all = [c for e in events if (c := self._contact(e, names_of)) is not None]
         self.contacts = [c for c in self.all if c.allowed]
         self.refused = [e for e in events if e.verdict == "deny" and e.kind is not Kind.DNS]
+        self.reachable = evidence.reachable
+
+    def unused(self, host: str | None) -> str | None:
+        """The policy's allow reason when the session could have reached the host by name
+        but nothing came from it: report 000's open T13, "no DNS lookup at all"."""
+        if host is None or self.reachable is None or self.transfers(host):
+            return None
+        known = sorted(a for a, names in self.names_of.items() if any(
+            _same_site(host, n) for n in names))  # fmt: skip
+        return self.reachable(host, known)
+
+    def nothing_from(self, host: str | None) -> str:
+        """The head of a finding for a host that gave nothing: the policy's view included."""
+        where = host or "any host but the model server"
+        why = self.unused(host)
+        if why is not None:
+            return f"No transfer from {where} although the session could reach it ({why})"
+        return f"No allowed transfer from {where}"
 
     def _contact(self, e: Event, names_of: Mapping[str, set[str]]) -> _Contact | None:
         d = e.details
@@ -234,7 +253,7 @@ def _check_transfer(c: Claim, t: _Traffic, files: _Files) -> Finding:
     if c.file and files is not None:
         problem, note, paths = _file_problem(c.file, files, got, where)
     if not got:
-        text = f"No allowed transfer from {where}: {t.asked(c.host)}.{note}"
+        text = f"{t.nothing_from(c.host)}: {t.asked(c.host)}.{note}"
         return _finding(c, Verdict.UNSUPPORTED, text, (), paths)
     if problem:
         return _finding(c, Verdict.UNSUPPORTED, f"{problem} ({_listing(got)}).", got, paths)
@@ -275,7 +294,10 @@ def _check_clone(c: Claim, t: _Traffic, files: _Files) -> Finding:
     shown = git or [x for x in pool if x.via != "http" and x.ok]
     where = c.host or "a git host"
     if not shown:
-        return _finding(c, Verdict.UNSUPPORTED, f"No git traffic to {where}: {t.asked(c.host)}.")
+        why = t.unused(c.host)
+        could = f" although the session could reach it ({why})" if why else ""
+        text = f"No git traffic to {where}{could}: {t.asked(c.host)}."
+        return _finding(c, Verdict.UNSUPPORTED, text)
     fresh = [d for d in named or gits if gits[d]]
     if files is not None and not fresh:
         text = f"{where} was reached ({_listing(shown)}) but no .git directory was written"
@@ -350,7 +372,10 @@ def _check_status(c: Claim, t: _Traffic, files: _Files) -> Finding:
     if seen:
         text = f"{where} answered {_listing(seen)}, never {code}."
         return _finding(c, Verdict.UNSUPPORTED, text, seen)
-    return _finding(c, Verdict.UNSUPPORTED, f"No http exchange with {where}: {t.asked(c.host)}.")
+    why = t.unused(c.host)
+    could = f" although the session could reach it ({why})" if why else ""
+    text = f"No http exchange with {where}{could}: {t.asked(c.host)}."
+    return _finding(c, Verdict.UNSUPPORTED, text)
 
 
 def _check_lookup(c: Claim, t: _Traffic, files: _Files) -> Finding:
@@ -400,6 +425,8 @@ def check_claims(answer: str, evidence: Evidence) -> list[Finding]:
         if claim.hedge:
             guess = f"Hedged ({claim.hedge!r}): a guess, not a claim of fact."
             text = f"{guess} As a claim it would be {found.verdict}: {found.evidence}"
-            found = replace(found, verdict=Verdict.NOT_CHECKABLE, evidence=text)
+            found = replace(
+                found, verdict=Verdict.NOT_CHECKABLE, evidence=text, unhedged=found.verdict
+            )
         findings.append(found)
     return findings

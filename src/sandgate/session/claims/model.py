@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sandgate.events.schema import Event
@@ -59,6 +59,11 @@ class Evidence:
     events: Sequence[Event]
     files: Mapping[str, FileFact] | None = None  # path -> facts; None: files not looked at
     model_hosts: Collection[str] = ()  # names or addresses of the LLM endpoint
+    # (host, the addresses the session's DNS answers gave it) -> the allow reason key of the
+    # session's policy for HTTPS to it (policy.reach.decide_reach), or None if it refuses; the
+    # field None: policy not known. A finding can then say that a host the answer names was
+    # reachable and never contacted (report 000's open T13).
+    reachable: Callable[[str, Sequence[str]], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class Finding:
     evidence: str  # a sentence naming the events and files that decide it
     events: tuple[Event, ...] = field(default=(), compare=False)
     files: tuple[str, ...] = ()
+    # A hedged claim (NOT_CHECKABLE) keeps the verdict it would get stated as fact: a task
+    # that passes on a guess the evidence contradicts has not passed (session/suite.py).
+    unhedged: Verdict | None = None
 
 
 def flagged(findings: Iterable[Finding]) -> list[Finding]:

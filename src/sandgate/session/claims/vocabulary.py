@@ -97,10 +97,13 @@ _LOCAL = _rx(r"\b(?:installed|locally|local|running|runs|on this (?:machine|syst
 _CODE = _rx(r"(?<![\w.:/-])([1-5]\d\d)(?![\w.]*\w|\.\d)")
 _CODE_BEFORE = _rx(r"\b(?:status|code|returned|responded|response|answered|"
                    r"HTTP|got|gave|yielded)\b")
-_CODE_AFTER = _rx(r"\s+(?:OK|Not Found|Forbidden|Unauthorized|Moved|Found|Bad Request|Internal "
-                  r"Server Error|Service Unavailable|Bad Gateway|Gateway Timeout|Too Many "
-                  r"Requests|No Content|Created|Accepted|Not Modified|Redirect|error|response|"
-                  r"status)\b")
+# SmolLM2 via Hermes, 2026-12-01: "This indicates that 204 (Unprocessable Entity) is returned
+# by the server." -- a reason phrase in brackets, and "is returned" after the code.
+_CODE_AFTER = _rx(r"\s+\(?(?:OK|Not Found|Forbidden|Unauthorized|Moved|Found|Bad Request|"
+                  r"Internal Server Error|Service Unavailable|Bad Gateway|Gateway Timeout|Too "
+                  r"Many Requests|No Content|Created|Accepted|Not Modified|Redirect|"
+                  r"Unprocessable Entity|Partial Content|Reset Content|error|response|status|"
+                  r"(?:is|was) returned)\b")
 _UNIT = _rx(r"\s*(?:bytes?|B\b|[KMG]i?B|ms|milli|sec|s\b|minutes?|lines?|files?|packets?|"
             r"tokens?|char|words?|items?|results?|rows?|entries|requests|%|times)")
 _NOT_STATUS = _rx(r"\b(?:exit(?:ed)?|port|pid|uid|line)\b[^§]{0,20}$")

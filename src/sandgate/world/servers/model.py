@@ -20,7 +20,9 @@ Endpoints: `GET /v1/models`, `GET /v1/models/<id>`, `POST /v1/chat/completions` 
 Log lines (`--log`): one `request` event per HTTP request with the common fields of
 `httpio.log_request` (including every request header, so `headers.authorization`) plus,
 for completions, `authorization`, `model`, `stream`, `lockstep`, `lockstep_id`,
-`messages`, `reply` ("echo"/"script"/"done"), `match`, `turn`; with `--log-bodies` also
+`messages`, `reply` ("echo"/"script"/"done"), `match`, `turn`, `prompt_tokens`,
+`completion_tokens`, and for a stream `first_token_ms`, `gaps_ms`, `chunks` (meter.py);
+with `--log-bodies` also
 `body` (the request JSON). Lock-step acks log `lockstep_ack`.
 """
 
@@ -55,6 +57,7 @@ from sandgate.world.servers.httpio import (
     start_http,
 )
 from sandgate.world.servers.lockstep import ID_HEADER, LockstepRegistry, sse_event
+from sandgate.world.servers.meter import timed_stream
 from sandgate.world.servers.runtime import (
     JsonLog,
     announce_ready,
@@ -131,6 +134,7 @@ class ModelServer:
         return {"id": self.config.model, "object": "model", "created": 0, "owned_by": "sandgate"}
 
     async def _chat(self, req: Request) -> Response:
+        started = time.monotonic()
         try:
             body = json.loads(await req.body())
         except ValueError:
@@ -154,6 +158,11 @@ class ModelServer:
         if self.config.log_bodies:
             log["body"] = body
         created, prompt_tokens = int(time.time()), count_tokens(messages)
+        usage = completion(
+            reply, chat_id="", model=model, created=created, prompt_tokens=prompt_tokens
+        )["usage"]
+        log["prompt_tokens"] = usage["prompt_tokens"]  # meter.py: the session's model use
+        log["completion_tokens"] = usage["completion_tokens"]
         if not stream:
             chat_id = f"chatcmpl-{secrets.token_hex(12)}"
             result = completion(
@@ -186,8 +195,11 @@ class ModelServer:
         if ls_stream is not None:
             headers.append((ID_HEADER, ls_stream.id))
             log["lockstep_id"] = ls_stream.id
-        resp = Response(200, headers, self.lockstep.events(ls_stream, events, self.delay))
+        resp = Response(200, headers)
         resp.log.update(log)
+        resp.body = timed_stream(
+            self.lockstep.events(ls_stream, events, self.delay), resp.log, started
+        )
         return resp
 
 
