@@ -23,6 +23,7 @@ from sandgate.sandbox import limits
 from sandgate.sandbox.workspace import SESSIONS_ROOT, our_mounts, unmount
 
 OWNERS = RUN_ROOT / "owners"
+PROCESS_MARKERS = ("sandgate.world.servers", "sandgate-vm-")
 
 
 @dataclass
@@ -163,7 +164,8 @@ def _processes(result: CleanupResult, everything: bool) -> None:
             if alive(int(raw.get("owner", 0))) and not everything:
                 continue
             for pid in raw.get("pids", []):
-                if is_ours(pid, "sandgate.world.servers") and kill(pid):
+                # World servers, and VM guests' QEMU (its -name carries the marker).
+                if any(is_ours(pid, m) for m in PROCESS_MARKERS) and kill(pid):
                     result.processes.append(pid)
             path.unlink(missing_ok=True)
     if RUN_ROOT.is_dir():
