@@ -843,6 +843,13 @@ def prove(
         str | None, typer.Option("--instance", help="prove this running gateway")
     ] = None,
     json_out: JsonOpt = False,
+    # -- issue 9: VM guests ---------------------------------------------------------------
+    vm: Annotated[
+        bool, typer.Option("--vm", help="run the probes as root in a QEMU VM guest")
+    ] = False,
+    nic: Annotated[
+        str, typer.Option("--nic", help="the VM's network: 'tap' (its guest link) or 'none'")
+    ] = "tap",
 ) -> None:
     """Attack the gateway from inside a fresh guest; a table; exit 1 on any leak or false block."""
     from sandgate.prove.runner import ProveOptions
@@ -854,7 +861,12 @@ def prove(
     try:
         result = run_prove(
             ProveOptions(
-                world=world, policy=policy, profile=profile, mode=_mode(mode), instance=instance
+                world=world,
+                policy=policy,
+                profile=profile,
+                mode=_mode(mode),
+                instance=instance,
+                vm=_vm_options(vm, nic, None),
             )
         )
     except SandgateError as exc:

@@ -28,6 +28,8 @@ from sandgate.prove.invariants import Wiring, foreign_sources, leaked_names, nev
 from sandgate.sandbox.launch import preflight
 from sandgate.session.runner import RunOptions, RunResult, run_in, signals_raise
 from sandgate.session.stack import Stack, stack_for
+from sandgate.vm.launch import VmOptions
+from sandgate.vm.launch import preflight as vm_preflight
 from sandgate.world.servers.launch import read_log
 
 DRIVER_TARGET = "/run/sandgate/prove-driver.py"
@@ -79,10 +81,13 @@ class ProveOptions:
     mode: str | None = None
     instance: str | None = None
     store: str | None = None
+    vm: VmOptions | None = None  # --vm: the driver runs as root in a VM guest
 
 
 def prove(opts: ProveOptions) -> ProveResult:
     preflight()
+    if opts.vm is not None:
+        vm_preflight(opts.vm)
     if opts.policy is not None or opts.world is None:
         load_policy(opts.policy)
     with signals_raise(), stack_for(opts.world, opts.instance, opts.store, opts.policy) as stack:
@@ -122,6 +127,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 peer=peer_address,
                 placeholder=placeholder,
                 host_addresses=[str(a) for a in profile.host_addresses],
+                vm=opts.vm is not None,
             )
             wiring["guest"] = Wiring(
                 guest_pool=profile.guest_pool,
@@ -153,6 +159,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 files={DRIVER_TARGET: _driver_path()},
                 late_files=probes_for,
                 label="prove",
+                vm=opts.vm,
             ),
         )
         observed = _observed(work / "results.jsonl")

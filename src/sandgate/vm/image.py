@@ -15,6 +15,7 @@ wrote, writes the exit status into the session folder and powers off.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import re
 import shutil
@@ -116,13 +117,21 @@ def init_script() -> str:
     return resources.files("sandgate.vm").joinpath(INIT_RESOURCE).read_text()
 
 
+def build_key() -> str:
+    """What the initramfs is made of besides the kernel: a new init or module list rebuilds it."""
+    text = init_script() + "\n".join(MODULES)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
 def installed(root: Path = VM_ROOT) -> GuestImage | None:
-    """The newest built guest under ``root``, if any."""
-    found = sorted(p for p in root.glob("*/initrd.gz") if (p.parent / "vmlinuz").is_file())
+    """The newest built guest under ``root`` with this version's init, if any."""
+    found = sorted(
+        p for p in root.glob(f"*-{build_key()}/initrd.gz") if (p.parent / "vmlinuz").is_file()
+    )
     if not found:
         return None
     folder = found[-1].parent
-    return GuestImage(folder / "vmlinuz", folder / "initrd.gz", folder.name)
+    return GuestImage(folder / "vmlinuz", folder / "initrd.gz", folder.name.rsplit("-", 1)[0])
 
 
 def current_package() -> str:
@@ -173,8 +182,8 @@ def ensure(root: Path = VM_ROOT, force: bool = False, say: bool = True) -> Guest
         order = [paths[name] for name in module_order(deps)]
         initrd = work / "initrd"
         _initramfs_tree(initrd, order, kver)
-        out = root / release
-        staging = root / f".{release}.tmp"
+        out = root / f"{release}-{build_key()}"
+        staging = root / f".{out.name}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         shutil.copyfile(kernels[-1], staging / "vmlinuz")

@@ -16,8 +16,14 @@ for m in $(cat /lib/modules/order); do insmod "/lib/modules/$m" || fail "insmod 
 O=trans=virtio,version=9p2000.L,msize=262144
 mount -t 9p -o "$O,ro,cache=loose" host /host || fail "mount the host's system (9p tag host)"
 mount -t 9p -o "$O,cache=none" sg /sg || fail "mount the session folder (9p tag sg)"
+mkdir -p /work
+mount -t 9p -o "$O,cache=none" work /work || fail "mount the work dir (9p tag work)"
 [ -f /sg/vm/job.sh ] || fail "no job in the session folder"
 
+# IPv6 off, as on a namespace guest's link (the gateway's ingress chain drops it regardless).
+for c in all default eth0; do
+    [ -f "/proc/sys/net/ipv6/conf/$c/disable_ipv6" ] && echo 1 > "/proc/sys/net/ipv6/conf/$c/disable_ipv6"
+done
 ip link set lo up
 addr=$(arg ip)
 if [ -n "$addr" ]; then
@@ -44,12 +50,17 @@ mount -t sysfs sys $R/sys
 mount -t devtmpfs dev $R/dev
 mkdir -p $R/dev/pts $R/dev/shm
 mount -t devpts devpts $R/dev/pts
-area() { [ -d "/sg/$1" ] && mount --bind "/sg/$1" "$R$2"; }
-area work /work && area home /home/agent && area tmp /tmp && area run /run || fail "session areas"
+area() { [ -d "/sg/$1" ] && mount --bind "/sg/$1" "$R$2" || fail "session area $1 on $2"; }
+mount --bind /work $R/work || fail "bind /work"
+area home /home/agent
+area tmp /tmp
+area run /run
 area vartmp /var/tmp
 area shm /dev/shm
 # bind SRC DST: a session file over a system one (resolver, CA bundle, users).
 bind() {
+    # A mount point in a writable area (/run, /tmp) is made; in the read-only system it must exist.
+    [ -e "$R$2" ] || { mkdir -p "$R$(dirname "$2")" && touch "$R$2"; } 2>/dev/null
     if [ -e "$R$2" ]; then mount --bind "$1" "$R$2" || fail "bind $2"
     else say "skipped $2 (no such file in the guest's system)"; fi
 }

@@ -161,7 +161,9 @@ def run(
     vmdir.mkdir(mode=0o700, exist_ok=True)
     os.chown(vmdir, spec.uid, spec.uid)  # QEMU, once it drops to the uid, writes the exit file
     (vmdir / "job.sh").write_text(qemu.job_script(job_for(box, spec, opts)))
-    exit_file, console = vmdir / "exit", vmdir / "console.log"
+    exit_file = vmdir / "exit"
+    # The console log outlives the session's disk (next to its output), for a failed boot.
+    console = (capture.parent if capture is not None else vmdir) / "vm-console.log"
     nic = None
     if opts.nic == "tap":
         wire_tap(box.netns, spec.uid)
@@ -171,7 +173,16 @@ def run(
             f"{guest['address']}/30",
             guest["gateway"],
         )
-    vm = qemu.VmSpec(box.session, guest_image.kernel, guest_image.initrd, box.dir, a, nic, spec.uid)
+    vm = qemu.VmSpec(
+        box.session,
+        guest_image.kernel,
+        guest_image.initrd,
+        box.dir,
+        spec.workdir.resolve(),
+        a,
+        nic,
+        spec.uid,
+    )
     argv = [*(prefix or []), *ns.nsenter_argv(box.netns), *qemu.argv(vm, console)]
     box.proc = subprocess.Popen(
         argv,

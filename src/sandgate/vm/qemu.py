@@ -36,7 +36,8 @@ class VmSpec:
     session: str
     kernel: Path
     initrd: Path
-    share: Path  # the session's folder: work, home, scratch, etc (9p tag "sg")
+    share: Path  # the session's folder: home, scratch, etc (9p tag "sg")
+    workdir: Path  # /work (9p tag "work"): the session's own or the user's --workdir
     accel: Accel
     nic: Nic | None  # None: no network device at all
     runas: int | None = None  # QEMU drops to this uid:gid once it has opened its files
@@ -45,8 +46,6 @@ class VmSpec:
 
 def kernel_cmdline(nic: Nic | None) -> str:
     words = ["console=ttyS0", "quiet", "loglevel=3", "panic=-1", "8250.nr_uarts=2"]
-    # No IPv6 at all: the gateway drops it anyway; a guest that never speaks it is quiet.
-    words.append("ipv6.disable=1")
     if nic is not None:
         words += [f"sg.ip={nic.address}", f"sg.gw={nic.gateway}"]
     return " ".join(words)
@@ -87,6 +86,8 @@ def argv(spec: VmSpec, console_log: Path) -> list[str]:
         "local,path=/,mount_tag=host,security_model=none,readonly=on",
         "-virtfs",
         f"local,path={spec.share},mount_tag=sg,security_model=none",
+        "-virtfs",
+        f"local,path={spec.workdir},mount_tag=work,security_model=none",
     ]
     if spec.nic is None:
         out += ["-nic", "none"]
