@@ -5,4 +5,5 @@ __all__ = [
     "driver",
     "invariants",
     "runner",
+    "vmprobes",
 ]

@@ -67,7 +67,6 @@ class Context:
     placeholder: str | None = None  # a secret's placeholder, if the profile has one
     host_addresses: list[str] = field(default_factory=list)
     nonce: str = ""  # makes names unique to one run (the upstream's log is checked for them)
-    vm: bool = False  # the driver runs as root in a VM guest (prove/vmprobes.py)
 
 
 def _expect(
@@ -502,8 +501,4 @@ def catalogue(ctx: Context) -> list[Probe]:
         None,
         no_log_why="a file, not a packet",
     )
-    if ctx.vm:
-        from sandgate.prove.vmprobes import in_vm
-
-        return in_vm(out, ctx)
     return out

@@ -175,6 +175,7 @@ def stat_is_socket(path: str) -> bool:
 
     return stat.S_ISSOCK(os.lstat(path).st_mode)
 
+
 # -- root in a VM guest (prove/vmprobes.py): frames crafted by hand on an AF_PACKET socket ------
 IFACE = "eth0"
 ETH_IP, ETH_ARP, ETH_IP6 = 0x0800, 0x0806, 0x86DD
@@ -279,8 +280,10 @@ def raw(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         dst_ip = socket.inet_aton(a["dst"])
 
         def answers(frame: bytes) -> bool:  # a SYN-ACK or RST from the target to our port
-            return frame[12:14] == b"\x08\x00" and frame[26:30] == dst_ip and (
-                struct.unpack("!H", frame[36:38])[0] == sport
+            return (
+                frame[12:14] == b"\x08\x00"
+                and frame[26:30] == dst_ip
+                and (struct.unpack("!H", frame[36:38])[0] == sport)
             )
     elif kind == "dhcp":
         # DHCPDISCOVER: op 1, htype 1, hlen 6, a transaction id, the client MAC, the cookie.
@@ -299,8 +302,10 @@ def raw(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         asked = socket.inet_aton(ask)
 
         def answers(frame: bytes) -> bool:  # an ARP reply from the asked address
-            return frame[12:14] == b"\x08\x06" and frame[20:22] == b"\x00\x02" and (
-                frame[28:32] == asked
+            return (
+                frame[12:14] == b"\x08\x06"
+                and frame[20:22] == b"\x00\x02"
+                and (frame[28:32] == asked)
             )
     elif kind == "ipv6":
         body = _ipv6_echo(src_mac, a["dst6"])

@@ -25,6 +25,7 @@ from sandgate.policy.load import load_policy
 from sandgate.policy.model import Mode
 from sandgate.prove.catalogue import Context, Probe, catalogue
 from sandgate.prove.invariants import Wiring, foreign_sources, leaked_names, never, probe_target
+from sandgate.prove.vmprobes import in_vm
 from sandgate.sandbox.launch import preflight
 from sandgate.session.runner import RunOptions, RunResult, run_in, signals_raise
 from sandgate.session.stack import Stack, stack_for
@@ -127,7 +128,6 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 peer=peer_address,
                 placeholder=placeholder,
                 host_addresses=[str(a) for a in profile.host_addresses],
-                vm=opts.vm is not None,
             )
             wiring["guest"] = Wiring(
                 guest_pool=profile.guest_pool,
@@ -139,7 +139,8 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                     if r.spec.network is not None and r.spec.network.num_addresses == 1
                 ),
             )
-            holder["probes"] = catalogue(ctx)
+            # Root in a VM: capability probes out, attacks on the wire in (vmprobes.py).
+            holder["probes"] = in_vm(catalogue(ctx), ctx) if opts.vm else catalogue(ctx)
             runnable = [p for p in holder["probes"] if world is not None or not p.needs_world]
             probes_file.write_text(json.dumps([p.as_driver() for p in runnable]))
             return {PROBES_TARGET: probes_file}
