@@ -93,7 +93,10 @@ def cleanup(everything: bool = False) -> CleanupResult:
     result = CleanupResult()
     _processes(result, everything)
     for name in ns.list_ours():
-        instance_owned = owned(name) or _instance_owned(name)
+        # A namespace whose recorded owner (a session's runner) died is that session's
+        # leftover even on a live gateway; one without a record lives with its instance.
+        recorded = (OWNERS / name).exists()
+        instance_owned = owned(name) or (not recorded and _instance_owned(name))
         if instance_owned and not everything:
             result.kept.append(name)
             continue

@@ -231,3 +231,32 @@ def test_spoofing_another_guests_address_is_charged_to_the_spoofer() -> None:
     other = Site("sg:dns:0", None, deny(Reason.SPOOF_IP))
     _, event = gateway_event(pkt, other, by_address.get, sessions.get)
     assert (event.guest, event.session) == ("g0", "victim-session")
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+def test_no_qemu_is_a_clear_error_before_anything_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandgate.vm import launch
+
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    built: list[bool] = []
+    monkeypatch.setattr(launch.image, "ensure", lambda: built.append(True))
+    with pytest.raises(SetupError) as caught:
+        launch.preflight(launch.VmOptions())
+    assert "qemu-system-x86_64 is not installed" in caught.value.message
+    assert caught.value.fix is not None and "apt-get install" in caught.value.fix
+    assert built == []  # nothing downloaded or built
+
+
+def test_no_kernel_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        image,
+        "_run",
+        lambda argv, what, cwd=None: subprocess.CompletedProcess(
+            argv, 0, "linux-image-amd64\n", ""
+        ),
+    )
+    with pytest.raises(SetupError, match="no linux-image") as caught:
+        image.current_package()
+    assert caught.value.fix is not None and "apt-get update" in caught.value.fix

@@ -94,6 +94,7 @@ class SessionReport:
     limits: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
     limit_hits: list[dict[str, Any]] = field(default_factory=list)
+    vm: dict[str, Any] = field(default_factory=dict)  # a VM guest: accelerator, kernel, NIC
 
     @property
     def flagged_claims(self) -> list[dict[str, Any]]:
@@ -246,4 +247,5 @@ def build_report(
         limits=details.get("limits", {}),
         usage=details.get("usage", {}),
         limit_hits=details.get("limit_hits", []),
+        vm=details.get("vm", {}),
     )

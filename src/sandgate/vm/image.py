@@ -241,3 +241,7 @@ def _run(argv: list[str], what: str, cwd: Path | None = None) -> subprocess.Comp
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise SetupError(f"{what} failed: {' / '.join(tail)}", "check apt's sources and network")
     return proc
+
+
+if __name__ == "__main__":  # ./setup.sh test: build the guest once (a no-op when it is there)
+    ensure()
