@@ -35,6 +35,10 @@ def tcp(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         # probed with plain TCP here) meet a proxy that accepts connections itself.
         return "allow", {"sport": sport}
     except ConnectionRefusedError:
+        if a.get("reset_by_qemu"):
+            # A NIC-less VM: QEMU's restricted user stack resets what it does not forward
+            # itself; nothing was contacted.
+            return "deny", {"sport": locals().get("sport"), "error": "reset by QEMU's stack"}
         # The far end answered (with a reset): the attempt got through the gateway, whose own
         # refusals are ICMP "administratively prohibited" (no route to host).
         return "allow", {"sport": locals().get("sport"), "error": "refused by the destination"}
@@ -340,7 +344,7 @@ def rootnet(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if a.get("setup"):
         subprocess.run(["sh", "-c", a["setup"]], check=True, capture_output=True)
     try:
-        return tcp({"address": a["address"], "port": a["port"]})
+        return tcp({k: v for k, v in a.items() if k not in ("setup", "undo")})
     finally:
         if a.get("undo"):
             subprocess.run(["sh", "-c", a["undo"]], check=False, capture_output=True)

@@ -13,9 +13,10 @@ own configuration never changes while other probes run.
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 
 from sandgate.policy.decide import Reason
-from sandgate.prove.catalogue import MODEL, NAS, PUBLIC_IP, ROUTER, Context, Match, Probe
+from sandgate.prove.catalogue import EXAMPLE, MODEL, NAS, ROUTER, Context, Match, Probe
 
 GROUP = "vm root"
 # Probes a namespace sandbox passes for want of a capability (nft, ip link/route/addr, raw
@@ -58,7 +59,7 @@ def root_attacks(ctx: Context) -> list[Probe]:
     spoof("source: another guest's address", other, MODEL, 8000, Reason.SPOOF_IP)
     spoof("source: a LAN address (the router)", ROUTER, MODEL, 8000, Reason.SPOOF_IP)
     # TEST-NET-1, outside the guest pool: no guest has it.
-    spoof("source: outside the guest pool", "192.0.2.77", PUBLIC_IP, 80, Reason.SPOOF_IP)
+    spoof("source: outside the guest pool", "192.0.2.77", MODEL, 8000, Reason.SPOOF_IP)
     spoof("source MAC not the guest's", "own", MODEL, 8000, Reason.SPOOF_MAC, mac=FAKE_MAC)
     out += [
         Probe(
@@ -152,4 +153,117 @@ def root_attacks(ctx: Context) -> list[Probe]:
             needs_world=True,
         ),
     ]
+    return out
+
+
+# -- --nic none: the host channel is the only way out -------------------------------------------
+CHANNEL_GROUP = "vm channel"
+NO_ROUTE = "no route: --nic none (the guest's NIC ends in QEMU's restricted user-mode stack)"
+NO_PACKET = "no packet leaves the guest but through the channel's two forwards"
+# QEMU's user-mode stack: its host side, its built-in DNS, the forwards' door.
+SLIRP_HOST, SLIRP_DNS = "10.0.2.2", "10.0.2.3"
+
+
+def in_channel(probes: list[Probe], ctx: Context, door: str) -> list[Probe]:
+    """The catalogue for a NIC-less VM whose ``ctx.proxy`` is the channel's proxy door: what
+    goes through the proxy or the resolver is judged and logged as for any guest; everything
+    else has no route, is refused inside the guest, and leaves no record (nothing left)."""
+    out = []
+    for p in in_vm(probes, ctx):
+        if p.group == GROUP:
+            continue  # frames for the guest link: there is no guest link
+        if _through_channel(p):
+            # The forwards carry TCP only: a DNS probe asks over TCP.
+            out.append(replace(p, args={**p.args, "tcp": True}) if p.action == "dns" else p)
+        elif p.match is None and p.expected == "deny":
+            out.append(p)  # refused inside already (IPv6 off, files)
+        else:
+            out.append(replace(p, expected="deny", why=NO_ROUTE, match=None, no_log_why=NO_PACKET))
+    return out + channel_attacks(ctx, door)
+
+
+def _through_channel(p: Probe) -> bool:
+    if p.action == "connect" or (p.action == "http" and p.args.get("proxy")):
+        return True
+    return p.action == "dns" and not p.args.get("server")
+
+
+def channel_attacks(ctx: Context, door: str) -> list[Probe]:
+    """Root in the guest against the channel itself: every other door of QEMU's stack shut."""
+    out: list[Probe] = []
+
+    def add(pid: str, target: str, action: str, args: dict[str, object], why: str) -> None:
+        out.append(Probe(pid, CHANNEL_GROUP, target, action, args, "deny", why, None, NO_PACKET))
+
+    restrict = "restrict=on: QEMU's user-mode stack routes nothing of the guest's"
+    # A connection QEMU does not forward it resets itself ("reset_by_qemu"): nothing contacted.
+    add(
+        "QEMU's host side, ssh",
+        f"{SLIRP_HOST}:22/tcp",
+        "tcp",
+        {"address": SLIRP_HOST, "port": 22, "reset_by_qemu": True},
+        restrict,
+    )
+    add(
+        "QEMU's host side, http",
+        f"{SLIRP_HOST}:80/tcp",
+        "tcp",
+        {"address": SLIRP_HOST, "port": 80, "reset_by_qemu": True},
+        restrict,
+    )
+    add(
+        "QEMU's host side, tftp",
+        f"{SLIRP_HOST}:69/udp",
+        "udp",
+        {"address": SLIRP_HOST, "port": 69},
+        restrict,
+    )
+    add(
+        "QEMU's built-in DNS (udp)",
+        f"{SLIRP_DNS}:53/udp",
+        "dns",
+        {"name": "example.com", "server": SLIRP_DNS, "expect": "gateway-answers"},
+        restrict,
+    )
+    add(
+        "QEMU's built-in DNS (tcp)",
+        f"{SLIRP_DNS}:53/tcp",
+        "dns",
+        {"name": "example.com", "server": SLIRP_DNS, "tcp": True, "expect": "gateway-answers"},
+        restrict,
+    )
+    add(
+        "the door on another port",
+        f"{door}:22/tcp",
+        "tcp",
+        {"address": door, "port": 22, "reset_by_qemu": True},
+        "only the proxy and resolver ports are forwarded",
+    )
+    add(
+        "the door's resolver over UDP",
+        f"{door}:53/udp",
+        "dns",
+        {"name": "example.com", "server": door, "expect": "gateway-answers"},
+        "the forwards carry TCP only",
+    )
+    add(
+        "the gateway's own address, directly",
+        f"{ctx.gateway}:53/tcp",
+        "tcp",
+        {"address": ctx.gateway, "port": 53},
+        NO_ROUTE,
+    )
+    add(
+        "a route of its own via QEMU's host side",
+        f"default via {SLIRP_HOST}; tcp {EXAMPLE}:80",
+        "rootnet",
+        {
+            "setup": f"ip route add default via {SLIRP_HOST}",
+            "undo": "ip route del default",
+            "address": EXAMPLE,
+            "port": 80,
+            "reset_by_qemu": True,
+        },
+        restrict,
+    )
     return out

@@ -29,8 +29,9 @@ addr=$(arg ip)
 if [ -n "$addr" ]; then
     # The NIC's MAC was set by QEMU (the gateway's ingress chain pins it); only its address here.
     # The address before the link is up: no packet of this guest leaves from 0.0.0.0.
-    ip addr add "$addr" dev eth0 && ip link set eth0 up && ip route add default via "$(arg gw)" \
-        || fail "network ($addr via $(arg gw))"
+    gw=$(arg gw)
+    ip addr add "$addr" dev eth0 && ip link set eth0 up \
+        && { [ -z "$gw" ] || ip route add default via "$gw"; } || fail "network ($addr via $gw)"
 fi
 say "up at $(cut -d' ' -f1 /proc/uptime) s"
 

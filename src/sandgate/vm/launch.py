@@ -16,6 +16,7 @@ session), never a uid or a process, and the session's details say so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
@@ -26,19 +27,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from sandgate import cleanup
 from sandgate.errors import NetError, SandboxError, SetupError
 from sandgate.net import ns
 from sandgate.net.links import guest_mac
 from sandgate.sandbox import bwrap
-from sandgate.sandbox.launch import Sandbox, _pump
+from sandgate.sandbox.launch import Sandbox, _pump, proxy_env
 from sandgate.vm import accel, image, qemu
 
 BRIDGE, TAP = "br0", "tap0"
 MUTE_TABLE = "sandgate_vm"
 BOOT_TIMEOUT = 180.0  # TCG on a loaded 2-core host: ~3 s guest time, 7-15 s wall (2026-12-01)
 UP_MARK = b"sandgate-init: up"
+CHANNEL_PROXY_URL = f"http://{qemu.CHANNEL_DOOR}:{qemu.CHANNEL_PROXY_PORT}"
 ATTRIBUTION = "per guest only: a VM has its own kernel, so no uid or process is known"
 
 NicMode = Literal["tap", "none"]
@@ -60,11 +63,10 @@ def preflight(opts: VmOptions) -> tuple[image.GuestImage, accel.Accel]:
         )
     if opts.nic not in ("tap", "none"):
         raise SetupError(f"unknown --nic {opts.nic!r}", "use --nic tap or --nic none")
-    if opts.nic == "none":
+    if opts.nic == "none" and shutil.which("nc") is None:
         raise SetupError(
-            "--nic none is not built yet (a NIC-less guest needs the host channel of issue 9 "
-            "part 3)",
-            "use --nic tap",
+            "--nic none relays through nc, which is not installed",
+            "apt-get install netcat-openbsd",
         )
     return image.ensure(), accel.detect()
 
@@ -113,6 +115,17 @@ def wire_tap(netns: str, uid: int) -> None:
 def job_for(box: Sandbox, spec: bwrap.SandboxSpec, opts: VmOptions) -> qemu.Job:
     """The namespace guest's files and environment, as the VM's job (paths under /sg)."""
     binds: dict[str, str] = {}
+    if opts.nic == "none":
+        # The channel's door in place of the gateway's address: resolver (over TCP: the
+        # forwards carry TCP only) and proxy. Written apart: etc/ is the drift snapshot's.
+        door = box.dir / "vm" / "resolv.conf"
+        door.write_text(f"nameserver {qemu.CHANNEL_DOOR}\noptions use-vc timeout:3 attempts:2\n")
+        os.chmod(door, 0o644)
+        spec = dataclasses.replace(
+            spec,
+            files={**spec.files, "/etc/resolv.conf": door},
+            env={**spec.env, **proxy_env(CHANNEL_PROXY_URL)},
+        )
     for target, source in spec.files.items():
         src = Path(source).resolve()
         if box.dir.resolve() not in src.parents:
@@ -161,11 +174,15 @@ def run(
     vmdir.mkdir(mode=0o700, exist_ok=True)
     os.chown(vmdir, spec.uid, spec.uid)  # QEMU, once it drops to the uid, writes the exit file
     (vmdir / "job.sh").write_text(qemu.job_script(job_for(box, spec, opts)))
+    nic: qemu.Nic | qemu.Channel | None = None
     exit_file = vmdir / "exit"
     # The console log outlives the session's disk (next to its output), for a failed boot.
     console = (capture.parent if capture is not None else vmdir) / "vm-console.log"
-    nic = None
-    if opts.nic == "tap":
+    if opts.nic == "none":
+        door = urlsplit(str(guest["proxy"]))
+        gateway = str(guest["gateway"])
+        nic = qemu.Channel((door.hostname or gateway, door.port or 3128), (gateway, 53))
+    else:
         wire_tap(box.netns, spec.uid)
         nic = qemu.Nic(
             TAP,

@@ -31,6 +31,32 @@ class Nic:
     gateway: str
 
 
+# --nic none: the guest's side of the host channel (QEMU's user-mode stack, nothing else).
+CHANNEL_GUEST = "10.0.2.15/24"
+CHANNEL_DOOR = "10.0.2.100"  # the only address that answers: the proxy and resolver forwards
+CHANNEL_PROXY_PORT = 3128
+
+
+@dataclass(frozen=True)
+class Channel:
+    """No link at all: the guest's one virtio NIC ends in QEMU's user-mode stack with
+    ``restrict=on`` (no packet of the guest is routed anywhere) and two forwards, each
+    connection run through ``nc`` to a destination fixed here: the gateway's explicit proxy
+    and its resolver (DNS over TCP). QEMU, and so every ``nc``, runs in the guest's namespace:
+    what they send leaves from the guest's address through the gateway's rules."""
+
+    proxy: tuple[str, int]
+    resolver: tuple[str, int]
+
+    def netdev(self) -> str:
+        fwd = [
+            f"guestfwd=tcp:{CHANNEL_DOOR}:{CHANNEL_PROXY_PORT}-cmd:nc -N {self.proxy[0]} "
+            f"{self.proxy[1]}",
+            f"guestfwd=tcp:{CHANNEL_DOOR}:53-cmd:nc -N {self.resolver[0]} {self.resolver[1]}",
+        ]
+        return ",".join(["user", "id=n0", "restrict=on", "ipv6=off", "net=10.0.2.0/24", *fwd])
+
+
 @dataclass(frozen=True)
 class VmSpec:
     session: str
@@ -39,15 +65,17 @@ class VmSpec:
     share: Path  # the session's folder: home, scratch, etc (9p tag "sg")
     workdir: Path  # /work (9p tag "work"): the session's own or the user's --workdir
     accel: Accel
-    nic: Nic | None  # None: no network device at all
+    nic: Nic | Channel | None  # None: no network device at all
     runas: int | None = None  # QEMU drops to this uid:gid once it has opened its files
     memory_mb: int = MEMORY_MB
 
 
-def kernel_cmdline(nic: Nic | None) -> str:
+def kernel_cmdline(nic: Nic | Channel | None) -> str:
     words = ["console=ttyS0", "quiet", "loglevel=3", "panic=-1", "8250.nr_uarts=2"]
-    if nic is not None:
+    if isinstance(nic, Nic):
         words += [f"sg.ip={nic.address}", f"sg.gw={nic.gateway}"]
+    elif isinstance(nic, Channel):
+        words.append(f"sg.ip={CHANNEL_GUEST}")  # and no route: only the door is on-link
     return " ".join(words)
 
 
@@ -91,6 +119,8 @@ def argv(spec: VmSpec, console_log: Path) -> list[str]:
     ]
     if spec.nic is None:
         out += ["-nic", "none"]
+    elif isinstance(spec.nic, Channel):
+        out += ["-netdev", spec.nic.netdev(), "-device", "virtio-net-pci,netdev=n0"]
     else:
         out += [
             "-netdev",
