@@ -26,7 +26,7 @@ def _clean(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__)
-    parser.add_argument("suite", choices=["foundation", "proxy", "scale"])
+    parser.add_argument("suite", choices=["foundation", "proxy", "scale", "vm"])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--quick",
@@ -46,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         sys.stderr.write("bench/run needs root (namespaces, links, nftables)\n")
         return 2
-    if args.suite == "scale":
+    if args.suite == "vm":  # issue 9: VM guests beside a namespace guest
+        from bench import vm
+
+        with signals_raise():
+            result = vm.main_vm(args.quick)
+        text = vm.render(result)
+    elif args.suite == "scale":
         from bench import scale
 
         wrong = set(args.only or ()) - set(scale.PARTS)
