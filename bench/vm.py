@@ -14,6 +14,7 @@ Guest time to init's "up" line comes from the VM's console log. Ratios, not asse
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 import time
@@ -95,7 +96,7 @@ def render(result: dict[str, Any]) -> str:
     lines.append(f"{'kind':<10} {'up-to-exec':>11} {'teardown':>9} {'guest up':>9} {'request':>9}")
     for kind, r in result["kinds"].items():
         up = r["guest_up_s"]
-        up_text = f"{up:>8.2f}s" if up == up else f"{'-':>9}"  # NaN: no console (no VM)
+        up_text = f"{up:>8.2f}s" if not math.isnan(up) else "        -"  # no console: no VM
         lines.append(
             f"{kind:<10} {r['up_to_exec_s']:>10.2f}s {r['teardown_s']:>8.2f}s "
             f"{up_text} {r['request_ms']:>7.1f}ms"
