@@ -77,6 +77,19 @@ case "${1:-}" in
             "$venv/bin/python" -m sandgate.world.llm install smollm2 >/dev/null ||
                 echo "setup.sh: the smollm2 world model could not be installed; its tests will be skipped" >&2
         fi
+        # VM guests (issue 9): QEMU, and the built-in guest (a Debian kernel + busybox
+        # initramfs under /opt/sandgate/vm, built once; `sandgate run --vm` builds it on first use).
+        vmpkgs=()
+        for p in qemu-system-x86 busybox-static cpio; do
+            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || vmpkgs+=("$p")
+        done
+        if [ "${#vmpkgs[@]}" -gt 0 ]; then
+            echo "setup.sh: installing ${vmpkgs[*]} for VM guests"
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq
+            apt-get install -y -qq --no-install-recommends "${vmpkgs[@]}" >/dev/null
+        fi
+        "$venv/bin/python" -m sandgate.vm.image
         cd "$here"
         "$venv/bin/ruff" check src tests bench fuzz
         "$venv/bin/mypy"

@@ -1,4 +1,4 @@
-"""``python -m bench foundation|proxy|scale|homelab [--json] [--quick] [--only PART ...]``
+"""``python -m bench foundation|proxy|scale|homelab|vm [--json] [--quick] [--only PART ...]``
 (bench/run)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _clean(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__)
-    parser.add_argument("suite", choices=["foundation", "proxy", "scale", "homelab"])
+    parser.add_argument("suite", choices=["foundation", "proxy", "scale", "homelab", "vm"])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--quick",
@@ -47,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         sys.stderr.write("bench/run needs root (namespaces, links, nftables)\n")
         return 2
-    if args.suite == "scale":
+    if args.suite == "vm":  # issue 9: VM guests beside a namespace guest
+        from bench import vm
+
+        with signals_raise():
+            result = vm.main_vm(args.quick)
+        text = vm.render(result)
+    elif args.suite == "scale":
         from bench import scale
 
         wrong = set(args.only or ()) - set(scale.PARTS)

@@ -23,6 +23,7 @@ from sandgate.sandbox import limits
 from sandgate.sandbox.workspace import SESSIONS_ROOT, our_mounts, unmount
 
 OWNERS = RUN_ROOT / "owners"
+PROCESS_MARKERS = ("sandgate.world.servers", "sandgate-vm-")
 
 
 @dataclass
@@ -92,7 +93,10 @@ def cleanup(everything: bool = False) -> CleanupResult:
     result = CleanupResult()
     _processes(result, everything)
     for name in ns.list_ours():
-        instance_owned = owned(name) or _instance_owned(name)
+        # A namespace whose recorded owner (a session's runner) died is that session's
+        # leftover even on a live gateway; one without a record lives with its instance.
+        recorded = (OWNERS / name).exists()
+        instance_owned = owned(name) or (not recorded and _instance_owned(name))
         if instance_owned and not everything:
             result.kept.append(name)
             continue
@@ -163,7 +167,8 @@ def _processes(result: CleanupResult, everything: bool) -> None:
             if alive(int(raw.get("owner", 0))) and not everything:
                 continue
             for pid in raw.get("pids", []):
-                if is_ours(pid, "sandgate.world.servers") and kill(pid):
+                # World servers, and VM guests' QEMU (its -name carries the marker).
+                if any(is_ours(pid, m) for m in PROCESS_MARKERS) and kill(pid):
                     result.processes.append(pid)
             path.unlink(missing_ok=True)
     if RUN_ROOT.is_dir():

@@ -171,6 +171,23 @@ def _limits(pids: str | None, memory: str | None, cpus: str | None) -> Any:
 # --- end limits ---
 
 
+# --- VM guests (issue 9) ---
+def _vm_options(vm: bool, nic: str, uid: int | None) -> Any:
+    """--vm [--nic tap|none]; with --uid the command runs as that uid in the guest, else root."""
+    if not vm:
+        if nic != "tap":
+            raise typer.BadParameter("--nic applies to --vm guests only", param_hint="--nic")
+        return None
+    from sandgate.vm.launch import VmOptions
+
+    if nic not in ("tap", "none"):
+        raise typer.BadParameter(f"{nic!r}: use tap or none", param_hint="--nic")
+    return VmOptions(nic="tap" if nic == "tap" else "none", as_uid=uid is not None)
+
+
+# --- end VM guests ---
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
     command: Annotated[list[str], typer.Argument(help="the command to run in the sandbox")],
@@ -228,6 +245,13 @@ def run(
     pids: PidsOpt = None,
     memory: MemoryOpt = None,
     cpus: CpusOpt = None,
+    # -- issue 9: VM guests ---------------------------------------------------------------
+    vm: Annotated[
+        bool, typer.Option("--vm", help="run the command in a QEMU VM, as root in the guest")
+    ] = False,
+    nic: Annotated[
+        str, typer.Option("--nic", help="the VM's network: 'tap' (its guest link) or 'none'")
+    ] = "tap",
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
     from sandgate.report.render import print_report
@@ -274,6 +298,7 @@ def run(
         capture=not sys.stdin.isatty(),
         notify=notify,
         limits=_limits(pids, memory, cpus),
+        vm=_vm_options(vm, nic, uid),
     )
     try:
         result = run_session(opts)
@@ -909,6 +934,13 @@ def prove(
         str | None, typer.Option("--instance", help="prove this running gateway")
     ] = None,
     json_out: JsonOpt = False,
+    # -- issue 9: VM guests ---------------------------------------------------------------
+    vm: Annotated[
+        bool, typer.Option("--vm", help="run the probes as root in a QEMU VM guest")
+    ] = False,
+    nic: Annotated[
+        str, typer.Option("--nic", help="the VM's network: 'tap' (its guest link) or 'none'")
+    ] = "tap",
 ) -> None:
     """Attack the gateway from inside a fresh guest; a table; exit 1 on any leak or false block."""
     from sandgate.prove.runner import ProveOptions
@@ -923,7 +955,12 @@ def prove(
     try:
         result = run_prove(
             ProveOptions(
-                world=world, policy=policy, profile=profile, mode=_mode(mode), instance=instance
+                world=world,
+                policy=policy,
+                profile=profile,
+                mode=_mode(mode),
+                instance=instance,
+                vm=_vm_options(vm, nic, None),
             )
         )
     except SandgateError as exc:

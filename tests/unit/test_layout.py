@@ -47,7 +47,7 @@ EXPORTS = {
         "classify", "decide", "dnsnames", "exemptions", "hostparse", "limits", "load", "locate",
         "model", "patterns", "pins", "profile", "reach", "requests",
     ],
-    "sandgate.prove": ["catalogue", "driver", "homelab", "invariants", "runner"],
+    "sandgate.prove": ["catalogue", "driver", "homelab", "invariants", "runner", "vmprobes"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],
     "sandgate.sandbox": ["bwrap", "launch", "limits", "privilege", "tree", "workspace"],
     "sandgate.session": [
@@ -58,6 +58,7 @@ EXPORTS = {
         "Claim", "ClaimKind", "Evidence", "FileFact", "Finding", "Verdict", "check_claims",
         "extract_claims", "flagged",
     ],
+    "sandgate.vm": ["accel", "image", "launch", "qemu"],
     "sandgate.world": ["fixtures", "homelab", "llm", "servers", "topology"],
     "sandgate.world.servers": [],  # each server is run as its own process (python -m ...)
 }  # fmt: skip

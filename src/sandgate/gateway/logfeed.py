@@ -47,7 +47,9 @@ class LogFeed:
         for pkt in sock.read():
             site = self.sites.get(pkt.prefix)
             if site is not None:
-                self.sink.flow(*gateway_event(pkt, site, self.table.session_at))
+                self.sink.flow(
+                    *gateway_event(pkt, site, self.table.session_at, self.table.session_of)
+                )
 
     def read_all(self, guest: Guest | None = None) -> None:
         """Everything the kernel has logged so far (before a guest leaves, on a flush)."""

@@ -6,4 +6,5 @@ __all__ = [
     "homelab",
     "invariants",
     "runner",
+    "vmprobes",
 ]

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,13 @@ from sandgate.policy.model import Mode
 from sandgate.policy.profile import Profile
 from sandgate.prove.catalogue import Context, Probe, catalogue, inbound_catalogue
 from sandgate.prove.invariants import Wiring, foreign_sources, leaked_names, never, probe_target
+from sandgate.prove.vmprobes import in_channel, in_vm
 from sandgate.sandbox.launch import preflight
 from sandgate.session.runner import RunOptions, RunResult, run_in, signals_raise
 from sandgate.session.stack import Stack, stack_for
+from sandgate.vm.launch import CHANNEL_PROXY_URL, VmOptions
+from sandgate.vm.launch import preflight as vm_preflight
+from sandgate.vm.qemu import CHANNEL_DOOR
 from sandgate.world.servers.launch import read_log
 
 DRIVER_TARGET = "/run/sandgate/prove-driver.py"
@@ -80,10 +84,13 @@ class ProveOptions:
     mode: str | None = None
     instance: str | None = None
     store: str | None = None
+    vm: VmOptions | None = None  # --vm: the driver runs as root in a VM guest
 
 
 def prove(opts: ProveOptions) -> ProveResult:
     preflight()
+    if opts.vm is not None:
+        vm_preflight(opts.vm)
     if opts.policy is not None or opts.world is None:
         load_policy(opts.policy)
     with signals_raise(), stack_for(opts.world, opts.instance, opts.store, opts.policy) as stack:
@@ -136,7 +143,15 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 relayed=tuple(int(a.rsplit(":", 1)[1]) for a in guest.get("host_loopback", ())),
             )
             holder["profile"] = profile
-            holder["probes"] = catalogue(ctx)
+            # Root in a VM: capability probes out, attacks on the wire in (vmprobes.py); with
+            # no NIC, the host channel's door is the proxy and the rest has no route.
+            if opts.vm is not None and opts.vm.nic == "none":
+                ctx = replace(ctx, proxy=CHANNEL_PROXY_URL)
+                holder["probes"] = in_channel(catalogue(ctx), ctx, CHANNEL_DOOR)
+            elif opts.vm is not None:
+                holder["probes"] = in_vm(catalogue(ctx), ctx)
+            else:
+                holder["probes"] = catalogue(ctx)
             runnable = [p for p in holder["probes"] if world is not None or not p.needs_world]
             probes_file.write_text(json.dumps([p.as_driver() for p in runnable]))
             return {PROBES_TARGET: probes_file}
@@ -156,6 +171,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 files={DRIVER_TARGET: _driver_path()},
                 late_files=probes_for,
                 label="prove",
+                vm=opts.vm,
             ),
         )
         observed = _observed(work / "results.jsonl")

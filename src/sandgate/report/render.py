@@ -104,7 +104,15 @@ def findings(r: SessionReport) -> list[object]:
     """What the session changed and claimed: stray writes, drift, privilege attempts, claims."""
     parts: list[object] = []
     attribution = r.attribution
-    if attribution.get("tcp_attempts"):
+    if r.vm:  # issue 9: a VM guest has its own kernel; the gateway knows only the guest
+        parts.append(
+            Text(
+                f"VM guest  accelerator {r.vm.get('accel')} ({r.vm.get('accel_why')}), "
+                f"kernel {r.vm.get('kernel')}, as {r.vm.get('user')}; "
+                f"attempts attributed {r.vm.get('attribution')}"
+            )
+        )
+    elif attribution.get("tcp_attempts"):
         roles = ", ".join(f"{k} {v}" for k, v in sorted(attribution.get("by_role", {}).items()))
         parts.append(
             Text(

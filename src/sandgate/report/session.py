@@ -97,6 +97,7 @@ class SessionReport:
     # The session's requests to the model server, tokens and streaming delays
     # (session/modeluse.py); empty when the session ran without a test world.
     model_use: dict[str, Any] = field(default_factory=dict)
+    vm: dict[str, Any] = field(default_factory=dict)  # a VM guest: accelerator, kernel, NIC
 
     @property
     def flagged_claims(self) -> list[dict[str, Any]]:
@@ -250,4 +251,5 @@ def build_report(
         usage=details.get("usage", {}),
         limit_hits=details.get("limit_hits", []),
         model_use=details.get("model_use", {}),
+        vm=details.get("vm", {}),
     )

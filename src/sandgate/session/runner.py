@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from sandgate import cleanup
-from sandgate.errors import SandgateError
+from sandgate.errors import SandboxError, SandgateError
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store, home_of
 from sandgate.gateway.integrity import alarm
@@ -42,6 +42,8 @@ from sandgate.sandbox.tree import compare
 from sandgate.sandbox.workspace import WorkspaceSpec, stray_files
 from sandgate.session import drift, evidence, modeluse
 from sandgate.session.stack import Stack, stack_for
+from sandgate.vm import launch as vm_launch
+from sandgate.vm.launch import VmOptions
 
 UID_BASE = 61000
 
@@ -77,6 +79,7 @@ class RunOptions:
     details: dict[str, Any] = field(default_factory=dict)  # recorded with the session
     # --pids/--memory/--cpus; unset ones come from the profile's [limits], then the defaults.
     limits: Limits = field(default_factory=Limits)
+    vm: VmOptions | None = None  # --vm: the command runs in a QEMU guest on the same link
 
 
 @dataclass
@@ -116,6 +119,8 @@ def run(opts: RunOptions) -> RunResult:
     # Validate the policy before anything is built: a broken file changes nothing.
     if opts.policy is not None or opts.world is None:
         load_policy(opts.policy)
+    if opts.vm is not None:
+        vm_launch.preflight(opts.vm)  # QEMU there, the guest built (once): before any stack
     with signals_raise(), stack_for(opts.world, opts.instance, opts.store, opts.policy) as stack:
         return run_in(stack, opts)
 
@@ -136,6 +141,13 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
+    vm = vm_launch.preflight(opts.vm) if opts.vm is not None else None
+    if vm is not None and opts.vm is not None:
+        start_details["vm"] = vm_launch.details(vm[1], opts.vm, vm[0])
+        sys.stderr.write(
+            f"sandgate: VM guest, accelerator {vm[1].name} ({vm[1].why}); "
+            f"attempts are attributed {vm_launch.ATTRIBUTION}\n"
+        )
     try:
         box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space)
         cleanup.own(box.netns)
@@ -158,18 +170,36 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         keep.mkdir(parents=True, exist_ok=True)
         started_at = time.time()
         try:
-            exit_code = box.run(
-                spec,
-                opts.timeout,
-                opts.stop,
-                capture=keep / "output.log" if opts.capture else None,
-                echo=opts.echo,
-                prefix=cgroup.prefix_argv(),
-            )
+            if vm is not None and opts.vm is not None:
+                exit_code = vm_launch.run(
+                    box,
+                    spec,
+                    guest,
+                    opts.vm,
+                    *vm,
+                    opts.timeout,
+                    opts.stop,
+                    capture=keep / "output.log" if opts.capture else None,
+                    echo=opts.echo,
+                    prefix=cgroup.prefix_argv(),
+                )
+            else:
+                exit_code = box.run(
+                    spec,
+                    opts.timeout,
+                    opts.stop,
+                    capture=keep / "output.log" if opts.capture else None,
+                    echo=opts.echo,
+                    prefix=cgroup.prefix_argv(),
+                )
             if exit_code == 124 and opts.timeout:
                 message = f"timed out after {opts.timeout:g} s; the sandbox was killed"
         except CommandNotFound as exc:
             exit_code, message = 127, str(exc)
+        except SandboxError as exc:
+            if opts.vm is None:
+                raise
+            exit_code, message = 125, str(exc)  # the VM did not boot or run the command
         if not stack.gateway.alive():
             message = (
                 "the gateway died during the session; the sandbox had no way out (fail closed)"

@@ -39,18 +39,23 @@ def gateway_event(
     pkt: NflogPacket,
     site: Site,
     guest_of: Callable[[str | None], tuple[str, str | None] | None],
+    session_of: Callable[[str], str | None] | None = None,
 ) -> tuple[FlowKey | None, Event]:
     """An event for a packet the gateway logged at ``site``.
 
     ``guest_of(src)`` maps a source address to (guest link name, session) for sites that are
-    not guest-specific (DNS redirect, invalid packets).
+    not guest-specific (DNS redirect, invalid packets). At a guest's own site the link names
+    the sender, not the source address: a frame spoofing another guest's address is the
+    spoofer's attempt (``session_of(link)``), never the victim's.
     """
     guest = site.guest.split("/")[0] if site.guest else None
     session = None
     found = guest_of(pkt.src)
-    if found is not None:
+    if found is not None and (guest is None or found[0] == guest):
         guest = guest or found[0]
         session = found[1]
+    elif guest is not None and session_of is not None:
+        session = session_of(guest)
     proto = proto_name(pkt.proto)
     port = pkt.dport if proto in ("tcp", "udp") else None
     decision = at_address(site.decision, _address(pkt.dst))

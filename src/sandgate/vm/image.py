@@ -1,0 +1,247 @@
+"""The built-in VM guest: a Debian kernel and a busybox initramfs, built from Debian packages.
+
+    /opt/sandgate/vm/<kernel release>/vmlinuz      from ``apt-get download linux-image-…`` +
+                                                   ``dpkg -x`` (no install, no boot hooks)
+    /opt/sandgate/vm/<kernel release>/initrd.gz    busybox-static, the kernel's virtio and 9p
+                                                   modules, and init.sh as /init
+
+The guest needs no disk: init mounts the host's ``/`` read-only over virtio-9p (tag ``host``)
+and the session's folder read-write (tag ``sg``), builds the root the command sees from them
+(the same system a namespace sandbox sees, with the session's /work, home, scratch and /etc
+files bound over it), configures its NIC from the kernel command line, runs the job the runner
+wrote, writes the exit status into the session folder and powers off.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from sandgate.errors import SetupError
+
+VM_ROOT = Path(os.environ.get("SANDGATE_VM_DIR", "/opt/sandgate/vm"))
+BUSYBOX = Path("/bin/busybox")
+KERNEL_META = "linux-image-amd64"  # Debian's metapackage: it names the current kernel package
+# Loaded in this order (modules.dep decides what each needs first: a wrong order is "Unknown
+# symbol"). virtio is modular in Debian's kernel; the 9p stack mounts the host's system.
+MODULES = (
+    "virtio_pci",
+    "virtio_net",
+    "virtio_console",
+    "9pnet_virtio",
+    "9p",
+)
+INIT_RESOURCE = "init.sh"
+
+
+@dataclass(frozen=True)
+class GuestImage:
+    kernel: Path
+    initrd: Path
+    release: str
+
+    def present(self) -> bool:
+        return self.kernel.is_file() and self.initrd.is_file()
+
+
+def read_depends(ko: bytes) -> list[str]:
+    """The ``depends=`` field of a module's .modinfo section (no kmod needed: the package ships
+    no modules.dep, depmod makes it at install time, and we install nothing)."""
+    match = re.search(rb"(?:^|\x00)depends=([^\x00]*)\x00", ko)
+    if not match:
+        return []
+    return [d.decode() for d in match.group(1).split(b",") if d]
+
+
+def module_order(deps: dict[str, list[str]], wanted: tuple[str, ...] = MODULES) -> list[str]:
+    """Module names to insmod, dependencies first, each once; ``deps`` maps a module's name
+    (underscores) to the names it depends on."""
+    order: list[str] = []
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in trail:
+            raise SetupError(f"module dependencies loop through {name}")
+        if name not in deps:
+            raise SetupError(
+                f"the guest kernel has no module {name!r} (built in, or not Debian's kernel?)",
+                "rebuild the guest with `sandgate vm build --force`",
+            )
+        for dep in deps[name]:
+            visit(dep.replace("-", "_"), (*trail, name))
+        order.append(name)
+
+    for name in wanted:
+        visit(name.replace("-", "_"), ())
+    return order
+
+
+def _module_name(path: str) -> str:
+    base = path.rsplit("/", 1)[-1]
+    return re.sub(r"\.ko(\.(xz|zst|gz))?$", "", base).replace("-", "_")
+
+
+def _scan_modules(mods: Path) -> tuple[dict[str, Path], dict[str, list[str]]]:
+    paths = {_module_name(p.name): p for p in mods.rglob("*.ko*")}
+    deps: dict[str, list[str]] = {}
+    for name in _needed(paths, MODULES):
+        deps[name] = read_depends(paths[name].read_bytes())
+    return paths, deps
+
+
+def _needed(paths: dict[str, Path], wanted: tuple[str, ...]) -> set[str]:
+    """Names reachable from ``wanted`` (reading only those modules, not all 4,000)."""
+    seen: set[str] = set()
+    todo = [w.replace("-", "_") for w in wanted]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in paths:
+            continue
+        seen.add(name)
+        todo += [d.replace("-", "_") for d in read_depends(paths[name].read_bytes())]
+    return seen
+
+
+def init_script() -> str:
+    """The guest's /init (a busybox sh script, kept as a file beside this module)."""
+    return resources.files("sandgate.vm").joinpath(INIT_RESOURCE).read_text()
+
+
+def build_key() -> str:
+    """What the initramfs is made of besides the kernel: a new init or module list rebuilds it."""
+    text = init_script() + "\n".join(MODULES)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def installed(root: Path = VM_ROOT) -> GuestImage | None:
+    """The newest built guest under ``root`` with this version's init, if any."""
+    found = sorted(
+        p for p in root.glob(f"*-{build_key()}/initrd.gz") if (p.parent / "vmlinuz").is_file()
+    )
+    if not found:
+        return None
+    folder = found[-1].parent
+    return GuestImage(folder / "vmlinuz", folder / "initrd.gz", folder.name.rsplit("-", 1)[0])
+
+
+def current_package() -> str:
+    """The kernel package apt offers now (what ``linux-image-amd64`` depends on)."""
+    out = _run(["apt-cache", "depends", KERNEL_META], "apt-cache").stdout
+    match = re.search(r"Depends:\s*(linux-image-[0-9][^\s]*-amd64)", out)
+    if not match:
+        raise SetupError(
+            "apt offers no linux-image-…-amd64 kernel package",
+            "run `apt-get update` (the guest kernel comes from Debian's archive)",
+        )
+    return match.group(1)
+
+
+def ensure(root: Path = VM_ROOT, force: bool = False, say: bool = True) -> GuestImage:
+    """The built-in guest, built on first use (a progress line on stderr while it is)."""
+    have = installed(root)
+    if have is not None and not force:
+        return have
+    for tool, pkg in (("cpio", "cpio"), ("dpkg", "dpkg"), ("apt-get", "apt")):
+        if shutil.which(tool) is None:
+            raise SetupError(f"building the VM guest needs {tool}", f"apt-get install {pkg}")
+    if not BUSYBOX.is_file():
+        raise SetupError(
+            "building the VM guest needs a static busybox",
+            "apt-get install --no-install-recommends busybox-static (or ./setup.sh test)",
+        )
+    package = current_package()
+    release = package.removeprefix("linux-image-")
+    if say:
+        sys.stderr.write(f"sandgate: building the VM guest (kernel {release}, once)...\n")
+        sys.stderr.flush()
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sandgate-vm-") as tmp:
+        work = Path(tmp)
+        _run(["apt-get", "download", "-q", package], "apt-get download", cwd=work)
+        debs = list(work.glob("linux-image-*.deb"))
+        if not debs:
+            raise SetupError(f"apt-get download {package} gave no .deb", "check apt's sources")
+        tree = work / "kernel"
+        _run(["dpkg", "-x", str(debs[0]), str(tree)], "dpkg -x")
+        kernels = sorted((tree / "boot").glob("vmlinuz-*"))
+        if not kernels:
+            raise SetupError(f"{package} holds no /boot/vmlinuz-*", "check the package name")
+        kver = kernels[-1].name.removeprefix("vmlinuz-")
+        mods = tree / "lib" / "modules" / kver
+        paths, deps = _scan_modules(mods)
+        order = [paths[name] for name in module_order(deps)]
+        initrd = work / "initrd"
+        _initramfs_tree(initrd, order, kver)
+        out = root / f"{release}-{build_key()}"
+        staging = root / f".{out.name}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        shutil.copyfile(kernels[-1], staging / "vmlinuz")
+        _cpio(initrd, staging / "initrd.gz")
+        for f in staging.iterdir():
+            os.chmod(f, 0o644)
+        os.chmod(staging, 0o755)
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+    if say:
+        sys.stderr.write(f"sandgate: VM guest ready in {out}\n")
+    return GuestImage(out / "vmlinuz", out / "initrd.gz", release)
+
+
+def _initramfs_tree(dest: Path, order: list[Path], kver: str) -> None:
+    for d in ("bin", "dev", "proc", "sys", "host", "sg", "newroot", "lib/modules"):
+        (dest / d).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(BUSYBOX, dest / "bin" / "busybox")
+    os.chmod(dest / "bin" / "busybox", 0o755)
+    os.symlink("busybox", dest / "bin" / "sh")
+    names = []
+    for src in order:
+        name = src.name
+        if not name.endswith(".ko"):
+            raise SetupError(f"module {name} is compressed; busybox insmod cannot load it")
+        shutil.copyfile(src, dest / "lib" / "modules" / name)
+        names.append(name)
+    (dest / "lib" / "modules" / "order").write_text("\n".join(names) + "\n")
+    (dest / "lib" / "modules" / "release").write_text(kver + "\n")
+    (dest / "init").write_text(init_script())
+    os.chmod(dest / "init", 0o755)
+
+
+def _cpio(tree: Path, out: Path) -> None:
+    names = sorted(str(p.relative_to(tree)) for p in tree.rglob("*"))
+    proc = subprocess.run(
+        ["cpio", "-o", "-H", "newc", "--quiet"],
+        input=("\n".join(names) + "\n").encode(),
+        cwd=tree,
+        capture_output=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SetupError(f"cpio failed: {proc.stderr.decode(errors='replace').strip()}")
+    with gzip.open(out, "wb", compresslevel=6) as f:
+        f.write(proc.stdout)
+
+
+def _run(argv: list[str], what: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    except FileNotFoundError as exc:
+        raise SetupError(f"{what}: {argv[0]} is not installed", "apt-get install apt") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise SetupError(f"{what} failed: {' / '.join(tail)}", "check apt's sources and network")
+    return proc
+
+
+if __name__ == "__main__":  # ./setup.sh test: build the guest once (a no-op when it is there)
+    ensure()
