@@ -41,7 +41,8 @@ EXPORTS = {
         "conntrack",
     ],
     "sandgate.policy": [
-        "classify", "decide", "dnsnames", "exemptions", "hostparse", "limits", "load", "locate",
+        "classify", "decide", "dnsnames", "exemptions", "hostparse", "httprules", "limits", "load",
+        "locate",
         "model", "patterns", "pins", "profile", "requests",
     ],
     "sandgate.prove": ["catalogue", "driver", "invariants", "runner"],

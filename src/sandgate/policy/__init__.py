@@ -8,6 +8,7 @@ __all__ = [
     "dnsnames",
     "exemptions",
     "hostparse",
+    "httprules",
     "limits",
     "load",
     "locate",

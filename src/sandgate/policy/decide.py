@@ -20,7 +20,11 @@ Order of judgement (first match wins):
     question (a name without address or port) may resolve through any allow rule for the name,
     whatever ports it names, and is refused only by a deny rule for every port and protocol;
  9. the profile's mode: open allows, locked denies, allowlist allows only addresses its
-    allowed names resolved to.
+    allowed names resolved to;
+10. a request (an attempt with a method and path, judged by the proxy) that steps 1-9 allow
+    to a destination that an allow rule with request rules (``http``) matches: allowed only if
+    one of the allow rules for that destination allows it (a rule without ``http`` allows every
+    request; the mode never does), else ``deny.request`` naming the rule.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class Reason(enum.Enum):
     DNS_META = ("deny.dns_meta", "a DNS meta type (TSIG, TKEY, MAILA, OPT...) is not a question")
     CNAME_TARGET = ("deny.cname_target", "an alias to a special-use or denied name")
     CNAME_LOOP = ("deny.cname_loop", "an alias chain that loops")
+    REQUEST = ("deny.request", "the rule for this destination does not allow this request")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key
@@ -94,6 +99,9 @@ class Attempt:
     address: IPAddress | None = None
     port: int | None = None
     name: str | None = None  # normalised (lower-case ASCII, no trailing dot)
+    # An HTTP request the proxy read on this connection (None: the connection itself).
+    method: str | None = None
+    path: str | None = None  # as sent; the query is ignored and never shown
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,73 @@ GATEWAY_PROXY_PORTS = (3128, 15080, 15443)
 
 def decide(profile: Profile, attempt: Attempt) -> Decision:
     """The verdict on one attempt under one profile. Pure: no I/O, no clock, no state."""
+    d = _destination(profile, attempt)
+    if attempt.method is None or not d.allowed or d.reason in _BEFORE_RULES:
+        return d
+    return _request(profile, attempt, d)
+
+
+# Allowed before any rule is consulted: the gateway's own services (step 1) and fronts.
+_BEFORE_RULES = (Reason.GATEWAY_DNS, Reason.GATEWAY_PROXY, Reason.FRONT)
+
+
+def _request(profile: Profile, attempt: Attempt, d: Decision) -> Decision:
+    """Step 10: a request to an allowed destination, against that destination's rules."""
+    matching = _matching_allow(profile, attempt)
+    restricting = request_rules(profile, attempt, matching)
+    if not restricting:
+        if d.rule is None or not d.rule.spec.requests:
+            return d
+        # The first rule judges requests, but another one for the destination does not.
+        return _allowed_by(d, next(r for r in matching if not r.spec.requests), "")
+    method, path = attempt.method or "", attempt.path or "/"
+    for rule in restricting:
+        entry = next((q for q in rule.spec.requests if q.matches(method, path)), None)
+        if entry is not None:
+            return _allowed_by(d, rule, f": {entry}")
+    only = "; ".join(
+        f"{r.ref} ({r.label}) allows only {', '.join(map(str, r.spec.requests))}"
+        for r in restricting
+    )
+    shown = path.split("?", 1)[0][:200]
+    return deny(
+        Reason.REQUEST, f"{method} {shown}: {only}", restricting[0], classification=d.classification
+    )
+
+
+def request_rules(
+    profile: Profile, attempt: Attempt, matching: list[Rule] | None = None
+) -> tuple[Rule, ...]:
+    """The allow rules that judge requests to the attempt's destination; empty when none does
+    or when another allow rule for it allows every request. A connection carried raw (a CONNECT
+    tunnel, TLS passed through) to such a destination would hide its requests."""
+    if matching is None:
+        matching = _matching_allow(profile, attempt)
+    if any(not r.spec.requests for r in matching):
+        return ()
+    return tuple(matching)
+
+
+def _matching_allow(profile: Profile, attempt: Attempt) -> list[Rule]:
+    address = attempt.address
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return [r for r in profile.allow if _destination_matches(r, attempt, address)]
+
+
+def _allowed_by(d: Decision, rule: Rule, what: str) -> Decision:
+    return allow(d.reason, rule, f"{rule.ref} ({rule.label}){what}", classification=d.classification)
+
+
+def _destination_matches(rule: Rule, attempt: Attempt, address: IPAddress | None) -> bool:
+    port, proto = attempt.port, attempt.protocol
+    if address is not None and rule.matches_address(address, port, proto):
+        return True
+    return attempt.name is not None and rule.matches_name(attempt.name, port, proto)
+
+
+def _destination(profile: Profile, attempt: Attempt) -> Decision:
+    """Steps 1-9: the verdict on the destination."""
     address = attempt.address
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         # An IPv4-mapped address on an IPv6 socket sends plain IPv4 packets to that address.
@@ -349,4 +424,5 @@ __all__ = [
     "decide_answer",
     "decide_name",
     "deny",
+    "request_rules",
 ]

@@ -262,7 +262,16 @@ def _pool_rules(allow: Sequence[Rule], pool: IPNetwork, where: Any) -> list[Poli
 
 def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list[PolicyProblem]:
     """Rules that repeat each other, or allow rules a deny rule makes dead."""
-    problems: list[PolicyProblem] = []
+    problems: list[PolicyProblem] = [
+        _at(
+            where(rule.ref),
+            f"{rule} has request rules (http), which only an allow rule can have: a deny "
+            "rule refuses its destination whole",
+            "move the rule to allow with the requests it may make, or drop 'http'",
+        )
+        for rule in deny
+        if rule.spec.http is not None
+    ]
     for rules in (allow, deny):
         # By key, not pairwise: a 100,000-rule policy is checked in linear time.
         first: dict[tuple[Any, ...], Rule] = {}
@@ -451,6 +460,8 @@ def _known_keys(loc: tuple[str | int, ...]) -> list[str]:
 
 def _fix_for(loc: tuple[str | int, ...]) -> str | None:
     keys = {p for p in loc if isinstance(p, str)}
+    if keys & {"allow", "deny"} and "http" in keys:
+        return 'http = ["POST /v1/chat/completions", "GET /v1/*"]: METHOD /path, * ends a prefix'
     if keys & {"allow", "deny"}:
         return (
             'a rule is { host = "10.77.0.10", port = 8000 } or { cidr = ... } or { domain = ... }'

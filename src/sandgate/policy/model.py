@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
+from sandgate.policy.httprules import RequestRule, RequestRuleError, parse_request_rule
 from sandgate.policy.limits import LimitsSpec
 from sandgate.policy.patterns import DomainPattern, PatternError, parse_pattern
 
@@ -56,6 +57,9 @@ class RuleSpec(_Strict):
     )
     protocol: Literal["tcp", "udp", "icmp", "any"] | None = None
     name: str | None = Field(default=None, description="a label shown in logs")
+    http: list[str] | None = Field(
+        default=None, description='request rules: "METHOD /path" ("/prefix/*"), allow only'
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> RuleSpec:
@@ -67,7 +71,14 @@ class RuleSpec(_Strict):
             )
         if self.ports and self.protocols == frozenset({Protocol.ICMP}):
             raise ValueError("ICMP has no ports; drop 'port' or choose protocol tcp or udp")
+        if self.http is not None:
+            _check_request_scope(self)
         return self
+
+    @cached_property
+    def requests(self) -> tuple[RequestRule, ...]:
+        """The request rules; empty means the rule does not look at requests."""
+        return tuple(parse_request_rule(t) for t in self.http or ())
 
     @cached_property
     def network(self) -> IPNetwork | None:
@@ -86,7 +97,10 @@ class RuleSpec(_Strict):
 
     @cached_property
     def ports(self) -> tuple[tuple[int, int], ...]:
-        """Inclusive port ranges; empty means every port."""
+        """Inclusive port ranges; empty means every port. A request rule without a port is
+        for the ports its requests are judged on: 80 and 443 for a name, 80 for a host."""
+        if self.http is not None and self.port is None:
+            return ((80, 80),) if self.host is not None else ((80, 80), (443, 443))
         return _port_ranges(self.port)
 
     @cached_property
@@ -115,6 +129,22 @@ class RuleSpec(_Strict):
             try:
                 parse_pattern(v)
             except PatternError as exc:
+                raise ValueError(str(exc)) from exc
+        return v
+
+    @field_validator("http")
+    @classmethod
+    def _check_http(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError(
+                "an empty http list would refuse every request; drop 'http' to allow them all"
+            )
+        for item in v:
+            try:
+                parse_request_rule(item)
+            except RequestRuleError as exc:
                 raise ValueError(str(exc)) from exc
         return v
 
@@ -151,6 +181,35 @@ class RuleSpec(_Strict):
         ):
             text += "/" + "+".join(sorted(p.value for p in self.protocols))
         return text
+
+
+def _check_request_scope(spec: RuleSpec) -> None:
+    """Where request rules can be enforced: HTTP over TCP, on a port the proxy judges."""
+    if spec.protocol is not None and spec.protocol != "tcp":
+        raise ValueError(
+            f"request rules (http) are for HTTP over TCP, but this rule is protocol "
+            f"{spec.protocol!r}; drop 'protocol' or put the {spec.protocol} part in a rule "
+            "of its own"
+        )
+    if spec.cidr is not None:
+        raise ValueError(
+            "request rules (http) name one host or a domain, not a network; write "
+            'host = "ADDRESS" with a port'
+        )
+    ports = _port_ranges(spec.port)
+    if any(low != high for low, high in ports):
+        raise ValueError("a request rule's ports are given one by one, not as a range")
+    numbers = {low for low, _ in ports}
+    if spec.domain is not None and not numbers <= {80, 443}:
+        raise ValueError(
+            "a request rule on a domain is judged on HTTP (80) and HTTPS (443) only; for "
+            "another port name the server by host (its plain HTTP is then intercepted)"
+        )
+    if spec.host is not None and 443 in numbers:
+        raise ValueError(
+            "a request rule on a host judges plain HTTP only (HTTPS to a bare address cannot "
+            "be inspected); name the server by domain for HTTPS"
+        )
 
 
 def _host_network(text: str) -> IPNetwork:

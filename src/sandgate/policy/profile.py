@@ -103,7 +103,22 @@ class Profile:
         return self.deny + self.allow
 
     def inspects(self, name: str) -> bool:
-        return any(p.matches(name) for p in self.inspect)
+        if any(p.matches(name) for p in self.inspect):
+            return True
+        return self.forced_inspection(name) is not None
+
+    def forced_inspection(self, name: str) -> Rule | None:
+        """An allow rule whose request rules (``http``) judge HTTPS to ``name``: its requests
+        can be read only if TLS ends here, so the name is inspected whatever ``inspect`` says
+        (chosen over refusing such a rule at load; ``explain`` says so)."""
+        return next(
+            (
+                r
+                for r in self.allow
+                if r.spec.http is not None and r.matches_name(name, 443, Protocol.TCP)
+            ),
+            None,
+        )
 
     def front(self, name: str | None) -> Front | None:
         return next((f for f in self.fronts if f.name == name), None)

@@ -46,22 +46,25 @@ def judge(
     address: ipaddress.IPv4Address | None,
     port: int,
     resolve: Resolve,
+    request: tuple[str, str] | None = None,
 ) -> Judged:
-    """The verdict on connecting to ``name`` (resolved here) or to ``address``, on ``port``."""
+    """The verdict on connecting to ``name`` (resolved here) or to ``address``, on ``port``;
+    with ``request`` (method, path as sent), on that HTTP request to it."""
+    method, path = request or (None, None)
     if name is None:
         if address is None:
             return Judged(deny(Reason.UNPARSEABLE, "no name and no address"), None)
-        d = decide(profile, Attempt(Protocol.TCP, address, port))
+        d = decide(profile, Attempt(Protocol.TCP, address, port, None, method, path))
         return Judged(d, address if d.allowed else None, (str(address),))
     literal = _literal(name)
     if literal is not None:
-        d = decide(profile, Attempt(Protocol.TCP, literal, port))
+        d = decide(profile, Attempt(Protocol.TCP, literal, port, None, method, path))
         return Judged(d, literal if d.allowed else None, (str(literal),))
-    first = decide(profile, Attempt(Protocol.TCP, None, port, name))
+    first = decide(profile, Attempt(Protocol.TCP, None, port, name, method, path))
     if not first.allowed:
         return Judged(first, None)
     answers = resolve(name)
-    judged = judge_answers(profile, name, port, answers)
+    judged = judge_answers(profile, name, port, answers, request=request)
     dial = judged.address if isinstance(judged.address, ipaddress.IPv4Address) else None
     return Judged(judged.decision, dial, tuple(str(a) for a in answers))
 

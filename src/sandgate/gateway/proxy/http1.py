@@ -198,14 +198,16 @@ def _one_request(
         _answer(client, 400, "a Host header is required", rec, ctx)
         return False, upstream
     dial_tls = ctx.tls_name
+    # The request as sent (path and query) for request rules; logs get the redacted rec.path.
+    request = (rec.method, target.path_raw.decode("latin-1") or "/")
     if ctx.front is not None:
         # A fronted plain-HTTP service: TLS ends here, the service is dialled as the policy allows.
         port, dial_tls = ctx.front[1], None
         rec.port = port
         address = ipaddress.IPv4Address(ctx.front[0])
-        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve)
+        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request)
     else:
-        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
+        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(
