@@ -254,9 +254,8 @@ def base_ruleset(
     # Plain HTTP to a host:port whose allow rule judges requests (http = [...]) goes to the
     # proxy too, so neither --noproxy nor a raw socket goes around the request rules.
     intercepted = {"concat": [_meta("iifname"), _payload("ip", "daddr"), _payload("th", "dport")]}
-    b.rule(
-        "prerouting", *web, _match(intercepted, "@intercept4"), {"redirect": {"port": PROXY_HTTP_PORT}}
-    )
+    to_http_door = {"redirect": {"port": PROXY_HTTP_PORT}}
+    b.rule("prerouting", *web, _match(intercepted, "@intercept4"), to_http_door)
     b.rule(
         "prerouting",
         *web,

@@ -213,7 +213,8 @@ def _matching_allow(profile: Profile, attempt: Attempt) -> list[Rule]:
 
 
 def _allowed_by(d: Decision, rule: Rule, what: str) -> Decision:
-    return allow(d.reason, rule, f"{rule.ref} ({rule.label}){what}", classification=d.classification)
+    detail = f"{rule.ref} ({rule.label}){what}"
+    return allow(d.reason, rule, detail, classification=d.classification)
 
 
 def _destination_matches(rule: Rule, attempt: Attempt, address: IPAddress | None) -> bool:
