@@ -25,10 +25,16 @@ VENV_PY = "/opt/sandgate/venv/bin/python"
 POLICY = """
 [profiles.lan]
 internet = "open"
-allow = [
-  { host = "10.77.0.10", port = 8000, name = "model server", http = ["POST /v1/chat/completions", "GET /v1/models"] },
-  { domain = "pypi.org", http = ["GET /simple/*"] },
-]
+
+[[profiles.lan.allow]]
+host = "10.77.0.10"
+port = 8000
+name = "model server"
+http = ["POST /v1/chat/completions", "GET /v1/models"]
+
+[[profiles.lan.allow]]
+domain = "pypi.org"
+http = ["GET /simple/*"]
 """
 
 CLIENT = r"""

@@ -34,7 +34,8 @@ POLICY = """\
 [profiles.p]
 internet = "open"
 allow = [
-  { host = "10.77.0.10", port = 8000, name = "model server", http = ["POST /v1/chat/completions", "GET /v1/models"] },
+  { host = "10.77.0.10", port = 8000, name = "model server", http = ["POST /v1/chat/completions",
+    "GET /v1/models"] },
   { domain = "github.com", http = ["GET /*", "HEAD /*"] },
   { domain = "api.github.com", port = 443, http = ["* /repos/*"] },
   { domain = "*.github.com", port = 443 },
@@ -169,7 +170,7 @@ def req(address: str | None, port: int, name: str | None, method: str, path: str
         (req("10.77.0.10", 8001, None, "POST", "/v1/chat/completions"), "deny.private"),
         # Open mode: a name whose rule judges requests is not opened wider by the mode.
         (req("203.0.113.30", 443, "github.com", "GET", "/x/y.git/info/refs"), "allow.rule"),
-        (req("203.0.113.30", 443, "github.com", "POST", "/x/y.git/git-receive-pack"), "deny.request"),
+        (req("203.0.113.30", 443, "github.com", "POST", "/x/git-receive-pack"), "deny.request"),
         (req(None, 80, "github.com", "PUT", "/"), "deny.request"),
         (req("203.0.113.30", 22, "github.com", "POST", "/"), "allow.open"),  # not its port
         # Two rules for one destination: the one without http allows every request.

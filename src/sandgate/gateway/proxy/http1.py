@@ -206,6 +206,12 @@ def _one_request(
         rec.port = port
         address = ipaddress.IPv4Address(ctx.front[0])
         judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request)
+    elif _intercepted(ctx):
+        # A host:port whose requests are judged (net/compile.py's intercept4): the request goes
+        # where the guest sent it, judged by that address; the Host header does not steer it.
+        address, port = ipaddress.IPv4Address(ctx.original_dst[0]), ctx.original_dst[1]
+        rec.port = port
+        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request)
     else:
         judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request)
     rec.decision = judged.decision
@@ -384,6 +390,11 @@ def _exchange(
             return server.h.our_state is h11.DONE and server.h.their_state is h11.DONE
         else:
             return False
+
+
+def _intercepted(ctx: Ctx) -> bool:
+    """Plain HTTP the kernel sent here from a port other than 80: an intercepted host:port."""
+    return ctx.door == "transparent" and ctx.tls_name is None and ctx.original_dst[1] != 80
 
 
 def _chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
