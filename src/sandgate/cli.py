@@ -353,6 +353,10 @@ def explain(
                 + (f"  [dim]rule {e.rule}[/dim]" if e.rule else ""),
                 highlight=False,
             )
+            if e.requests:  # issue 14: request rules
+                out.print(f"      requests: only {', '.join(e.requests)}", highlight=False)
+            if e.inspected:
+                out.print(f"      {e.inspected}", highlight=False)
     raise typer.Exit(0)
 
 

@@ -287,3 +287,17 @@ def test_removing_the_guest_removes_its_interception() -> None:
     intercept = [e for e in added if e["name"] == "intercept4"]
     assert intercept and intercept[0]["elem"] == [{"concat": ["g3", "10.77.0.10", 8000]}]
     assert [e for e in gone if e["name"] == "intercept4"] == intercept
+
+
+def test_explain_names_the_request_rules_and_the_forced_inspection() -> None:
+    from sandgate.explain import explain
+
+    p = profile()
+    resolve = {"github.com": [A("203.0.113.30")], "api.github.com": [A("203.0.113.31")]}
+    model = explain(p, "10.77.0.10:8000", resolve=resolve.__getitem__).as_json()
+    assert model["requests"] == ["POST /v1/chat/completions", "GET /v1/models"]
+    assert model["inspected"] is None
+    gh = explain(p, "github.com:443", resolve=resolve.__getitem__).as_json()
+    assert gh["requests"] == ["GET /*", "HEAD /*"] and "forced by p.allow[1]" in gh["inspected"]
+    # Another rule allows every request to api.github.com: nothing judges them.
+    assert explain(p, "api.github.com:443", resolve=resolve.__getitem__).requests == []
