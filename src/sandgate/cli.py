@@ -713,6 +713,64 @@ def policy_check(
         out.print(f"[green]ok[/green] {path}: profiles {profiles}", highlight=False)
 
 
+# -- issue 14: policy suggest ------------------------------------------------------------------
+@policy_app.command("suggest")
+def policy_suggest(
+    session: Annotated[str, typer.Option("--session", "-s", help="session id or 'last'")] = "last",
+    json_out: JsonOpt = False,
+) -> None:
+    """A session's refusals as the allow rules that would have let them through: an overlay on
+    the session's policy (TOML on stdout), a comment per rule, risky ones commented out."""
+    import ipaddress
+
+    from sandgate.events.store import Store
+    from sandgate.policy.load import BUILTIN, load_policy
+    from sandgate.policy.model import Mode
+    from sandgate.policy.suggest import suggest
+
+    store = Store()
+    row = _session_row(store, session)
+    events = store.events(session=row.id)
+    store.close()
+    source = row.policy if row.policy and row.policy != BUILTIN else None
+    if source is not None:
+        source = str(Path(source).resolve())
+    override: tuple[Any, ...] = ()
+    if row.world == "test":
+        from sandgate.world import topology
+
+        override = tuple(ipaddress.ip_network(n) for n in topology.PUBLIC)
+    try:
+        pol = load_policy(source)
+        mode = Mode(row.mode) if row.mode else None
+        result = suggest(
+            pol, row.profile, mode, events, session=row.id, public_override=override,
+            extends=source,
+        )
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "session": row.id,
+                    "toml": result.text,
+                    "rules": [s.toml() for s in result.rules if not s.risky],
+                    "risky": [{"rule": s.toml(), "why": s.risky} for s in result.rules if s.risky],
+                    "request_notes": result.notes,
+                    "allowed_after": len(result.allowed_after),
+                    "still_refused": len(result.still_refused),
+                }
+            )
+        )
+        return
+    sys.stdout.write(result.text)
+
+
+# -- end issue 14: policy suggest ---------------------------------------------------------------
+
+
 def _export(
     kind: str,
     policy: str | None,

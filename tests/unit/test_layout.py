@@ -43,7 +43,7 @@ EXPORTS = {
     "sandgate.policy": [
         "classify", "decide", "dnsnames", "exemptions", "hostparse", "httprules", "limits", "load",
         "locate",
-        "model", "patterns", "pins", "profile", "requests",
+        "model", "overlay", "patterns", "pins", "profile", "requests", "suggest",
     ],
     "sandgate.prove": ["catalogue", "driver", "invariants", "runner"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],

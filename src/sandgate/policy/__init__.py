@@ -13,8 +13,10 @@ __all__ = [
     "load",
     "locate",
     "model",
+    "overlay",
     "patterns",
     "pins",
     "profile",
     "requests",
+    "suggest",
 ]

@@ -12,7 +12,7 @@ import difflib
 import re
 import tomllib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,22 @@ class Policy:
     file: PolicyFile
     source: str  # the path, or BUILTIN
     positions: dict[tuple[str | int, ...], Position]
+    # An overlay (policy/overlay.py): each rule's file and position, and the policy it extends.
+    origins: dict[tuple[str | int, ...], tuple[str, Position | None]] = field(
+        default_factory=dict
+    )
+    extends: str | None = None
+
+    def check(self) -> None:
+        """Rules that repeat each other, are made dead by a deny rule, or name a guest."""
+        problems = []
+        for name, spec in self.file.profiles.items():
+            allow = rules_from_specs("allow", spec.allow, f"{name}.allow")
+            deny = rules_from_specs("deny", spec.deny, f"{name}.deny")
+            problems += check_rules(allow, deny, self._where)
+            problems += _pool_rules(allow, self.file.gateway.pool, self._where)
+        if problems:
+            raise PolicyError(problems)
 
     @property
     def builtin(self) -> bool:
@@ -174,6 +190,9 @@ class Policy:
         if match is None:
             return PolicyProblem(ref.split("[", maxsplit=1)[0], None, None, "")
         path = ("profiles", match[1], match[2], int(match[3]))
+        origin = self.origins.get(path)
+        if origin is not None:
+            return _located(origin[0], origin[1], "")
         pos = find(self.positions, path)
         return _located(self.source, pos, "")
 
@@ -225,20 +244,18 @@ def parse_policy(text: bytes, source: str) -> Policy:
     problems = list(_world_only_keys(raw, positions, source))
     if problems:
         raise PolicyError(problems)
+    if "extends" in raw:
+        from sandgate.policy.overlay import parse_overlay
+
+        overlaid: Policy = parse_overlay(raw, positions, source)
+        return overlaid
     try:
         file = PolicyFile.model_validate(raw)
     except ValidationError as exc:
         found = [_problem_from_pydantic(err, positions, source) for err in exc.errors()]
         raise PolicyError(sorted(found, key=_in_file_order)) from None
     policy = Policy(file, source, positions)
-    problems = []
-    for name, spec in file.profiles.items():
-        allow = rules_from_specs("allow", spec.allow, f"{name}.allow")
-        deny = rules_from_specs("deny", spec.deny, f"{name}.deny")
-        problems += check_rules(allow, deny, policy._where)
-        problems += _pool_rules(allow, file.gateway.pool, policy._where)
-    if problems:
-        raise PolicyError(problems)
+    policy.check()
     return policy
 
 
