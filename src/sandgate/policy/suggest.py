@@ -210,7 +210,7 @@ def suggest(
         if r.reason in UNLIFTABLE or not r.reason.startswith("deny."):
             unliftable.append(r)
             continue
-        key = _target(r, base_profile.mode)
+        key = _target(r, base_profile.mode, public_override)
         if key is None:
             unliftable.append(r)
             continue
@@ -218,7 +218,7 @@ def suggest(
         s.covers.append(r)
         if r.port is not None:
             s.ports.add(r.port)
-        s.risky = s.risky or _risk(r)
+        s.risky = s.risky or _risk(r, public_override)
     for s in rules.values():
         if not s.ports and s.protocol != "icmp":
             s.ports.add(_PORTLESS_GUESS)  # only DNS questions: the port was never tried
@@ -248,11 +248,13 @@ def _is_address(text: str) -> bool:
     return True
 
 
-def _target(r: Refusal, mode: Mode) -> tuple[str, str, str] | None:
+def _target(
+    r: Refusal, mode: Mode, override: tuple[IPNetwork, ...]
+) -> tuple[str, str, str] | None:
     # A DNS question is let through by a rule for its name on any port: it joins the name's
     # TCP rule (and gets a guessed port if it is alone).
     proto = r.protocol if r.protocol in ("tcp", "udp", "icmp") and r.kind != "dns" else "tcp"
-    special = _special(r.address)
+    special = _special(r.address, override)
     # By name where a name was asked, unless locked mode (names never open a path there) or the
     # address is special-purpose (only a rule naming the address lifts that).
     if r.name and not (mode is Mode.LOCKED and r.address) and special is None:
@@ -262,18 +264,22 @@ def _target(r: Refusal, mode: Mode) -> tuple[str, str, str] | None:
     return ("domain", r.name, proto) if r.name else None
 
 
-def _special(address: str | None) -> AddressClass | None:
+def _special(address: str | None, override: tuple[IPNetwork, ...]) -> AddressClass | None:
+    """The special-purpose class of an address (None: public, or the test world's internet)."""
     if address is None:
         return None
     try:
-        cls = classify(ip_address(address))
+        ip = ip_address(address)
     except ValueError:
         return None
+    if any(ip.version == n.version and ip in n for n in override):
+        return None
+    cls = classify(ip)
     return cls.cls if cls.special else None
 
 
-def _risk(r: Refusal) -> str | None:
-    cls = _special(r.address)
+def _risk(r: Refusal, override: tuple[IPNetwork, ...]) -> str | None:
+    cls = _special(r.address, override)
     if cls is AddressClass.METADATA:
         return "the cloud metadata endpoint: it hands out the machine's credentials"
     if cls is not None:
