@@ -26,7 +26,7 @@ from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.guests import Guest, GuestTable
 from sandgate.gateway.logfeed import LogFeed
-from sandgate.gateway.logs.prochold import ProcessHold
+from sandgate.gateway.logs.prochold import ProcessHold, ProcessTable
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
@@ -75,6 +75,7 @@ class Lifecycle:
         nl: NetlinkCall,
     ) -> None:
         self.cfg, self.table, self.sink, self.feed = cfg, table, sink, feed
+        self.processes = ProcessTable()  # flow → executable, from the holds, for the proxy
         self.nft, self.limits, self.sites = nft, limits, sites
         self.resolver, self.proxy, self.check = resolver, proxy, check
         self.netlink, self.plumber, self._nl = netlink, plumber, nl
@@ -213,7 +214,9 @@ class Lifecycle:
             dns = GuestDNS(link, session, profile, key)
             await self.resolver.start_guest(dns)
             undo.append(lambda: Resolver.close_listeners(dns))
-            pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
+            pg = ProxyGuest(
+                link, session, profile, load_secrets(profile.secrets, session), self.processes.exe
+            )
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
             uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
@@ -250,6 +253,7 @@ class Lifecycle:
         loop = self.sink_loop
 
         def report(key: FlowKey, uid: int | None, process: dict[str, Any] | None) -> None:
+            self.processes.put(key, process)  # for the proxy's process rules (issue 14)
             extra = {"process": process} if process is not None else {}
             loop.call_soon_threadsafe(lambda: self.feed.sender(key, uid, **extra))
 

@@ -24,7 +24,9 @@ Order of judgement (first match wins):
 10. a request (an attempt with a method and path, judged by the proxy) that steps 1-9 allow
     to a destination that an allow rule with request rules (``http``) matches: allowed only if
     one of the allow rules for that destination allows it (a rule without ``http`` allows every
-    request; the mode never does), else ``deny.request`` naming the rule.
+    request; the mode never does), else ``deny.request`` naming the rule. The same for a flow
+    whose process the proxy asked about (``by_process``) and a rule with ``process``: only
+    those executables, an unidentified process never, else ``deny.process``.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class Reason(enum.Enum):
     CNAME_TARGET = ("deny.cname_target", "an alias to a special-use or denied name")
     CNAME_LOOP = ("deny.cname_loop", "an alias chain that loops")
     REQUEST = ("deny.request", "the rule for this destination does not allow this request")
+    PROCESS = ("deny.process", "the rule for this destination is for other programs")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key
@@ -102,6 +105,10 @@ class Attempt:
     # An HTTP request the proxy read on this connection (None: the connection itself).
     method: str | None = None
     path: str | None = None  # as sent; the query is ignored and never shown
+    # The program behind the flow, where the enforcer can tell (the proxy): ``by_process`` says
+    # it asked; ``exe`` None then means the process could not be identified (no rule matches).
+    by_process: bool = False
+    exe: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +166,9 @@ GATEWAY_PROXY_PORTS = (3128, 15080, 15443)
 def decide(profile: Profile, attempt: Attempt) -> Decision:
     """The verdict on one attempt under one profile. Pure: no I/O, no clock, no state."""
     d = _destination(profile, attempt)
-    if attempt.method is None or not d.allowed or d.reason in _BEFORE_RULES:
+    if not d.allowed or d.reason in _BEFORE_RULES:
+        return d
+    if attempt.method is None and not attempt.by_process:
         return d
     return _request(profile, attempt, d)
 
@@ -169,26 +178,50 @@ _BEFORE_RULES = (Reason.GATEWAY_DNS, Reason.GATEWAY_PROXY, Reason.FRONT)
 
 
 def _request(profile: Profile, attempt: Attempt, d: Decision) -> Decision:
-    """Step 10: a request to an allowed destination, against that destination's rules."""
+    """Step 10: a request (or a flow whose process is known) to an allowed destination,
+    against that destination's rules: their ``http`` and ``process`` lists."""
     matching = _matching_allow(profile, attempt)
-    restricting = request_rules(profile, attempt, matching)
-    if not restricting:
-        if d.rule is None or not d.rule.spec.requests:
+    restricting = [r for r in matching if _restricts(r, attempt)]
+    if len(restricting) < len(matching) or not restricting:
+        if d.rule is None or not _restricts(d.rule, attempt):
             return d
-        # The first rule judges requests, but another one for the destination does not.
-        return _allowed_by(d, next(r for r in matching if not r.spec.requests), "")
+        # The first rule restricts, but another one for the destination does not.
+        return _allowed_by(d, next(r for r in matching if not _restricts(r, attempt)), "")
     method, path = attempt.method or "", attempt.path or "/"
     for rule in restricting:
         entry = next((q for q in rule.spec.requests if q.matches(method, path)), None)
-        if entry is not None:
-            return _allowed_by(d, rule, f": {entry}")
-    only = "; ".join(
-        f"{r.ref} ({r.label}) allows only {', '.join(map(str, r.spec.requests))}"
-        for r in restricting
-    )
+        if attempt.method is not None and rule.spec.requests and entry is None:
+            continue
+        if attempt.by_process and rule.spec.process and attempt.exe not in rule.spec.process:
+            continue
+        return _allowed_by(d, rule, f": {entry}" if entry is not None else "")
+    by_request = [r for r in restricting if r.spec.requests and attempt.method is not None]
     shown = path.split("?", 1)[0][:200]
-    return deny(
-        Reason.REQUEST, f"{method} {shown}: {only}", restricting[0], classification=d.classification
+    if by_request and not any(
+        q.matches(method, path) for r in by_request for q in r.spec.requests
+    ):
+        only = "; ".join(
+            f"{r.ref} ({r.label}) allows only {', '.join(map(str, r.spec.requests))}"
+            for r in by_request
+        )
+        rule = by_request[0]
+        detail = f"{method} {shown}: {only}"
+        return deny(Reason.REQUEST, detail, rule, classification=d.classification)
+    by_process = [r for r in restricting if r.spec.process]
+    who = attempt.exe or "a process that could not be identified"
+    only = "; ".join(
+        f"{r.ref} ({r.label}) is for {', '.join(r.spec.process or ())}" for r in by_process
+    )
+    rule = by_process[0]
+    return deny(Reason.PROCESS, f"{who}: {only}", rule, classification=d.classification)
+
+
+def _restricts(rule: Rule, attempt: Attempt) -> bool:
+    """Does the rule narrow this attempt: by its requests (a request), or by its programs (a
+    flow whose process the enforcer asked about)?"""
+    return bool(
+        (rule.spec.requests and attempt.method is not None)
+        or (rule.spec.process and attempt.by_process)
     )
 
 

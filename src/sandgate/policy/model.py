@@ -60,6 +60,9 @@ class RuleSpec(_Strict):
     http: list[str] | None = Field(
         default=None, description='request rules: "METHOD /path" ("/prefix/*"), allow only'
     )
+    process: list[str] | None = Field(
+        default=None, description="only these executables (absolute paths), allow only"
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> RuleSpec:
@@ -73,6 +76,8 @@ class RuleSpec(_Strict):
             raise ValueError("ICMP has no ports; drop 'port' or choose protocol tcp or udp")
         if self.http is not None:
             _check_request_scope(self)
+        if self.process is not None:
+            _check_process_scope(self)
         return self
 
     @cached_property
@@ -99,7 +104,7 @@ class RuleSpec(_Strict):
     def ports(self) -> tuple[tuple[int, int], ...]:
         """Inclusive port ranges; empty means every port. A request rule without a port is
         for the ports its requests are judged on: 80 and 443 for a name, 80 for a host."""
-        if self.http is not None and self.port is None:
+        if (self.http is not None or self.process is not None) and self.port is None:
             return ((80, 80),) if self.host is not None else ((80, 80), (443, 443))
         return _port_ranges(self.port)
 
@@ -146,6 +151,21 @@ class RuleSpec(_Strict):
                 parse_request_rule(item)
             except RequestRuleError as exc:
                 raise ValueError(str(exc)) from exc
+        return v
+
+    @field_validator("process")
+    @classmethod
+    def _check_process(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("an empty process list would match nothing; drop 'process'")
+        for item in v:
+            if not item.startswith("/") or "/../" in item or item.endswith("/"):
+                raise ValueError(
+                    f"{item!r} is not an absolute path to an executable; write it as the "
+                    "kernel names it, e.g. /usr/bin/git (see `sandgate log` details.process.exe)"
+                )
         return v
 
     @field_validator("port", mode="before")
@@ -209,6 +229,24 @@ def _check_request_scope(spec: RuleSpec) -> None:
         raise ValueError(
             "a request rule on a host judges plain HTTP only (HTTPS to a bare address cannot "
             "be inspected); name the server by domain for HTTPS"
+        )
+
+
+def _check_process_scope(spec: RuleSpec) -> None:
+    """Process rules are matched by the proxy, which knows each flow's process: HTTP and
+    HTTPS by name (the kernel sends those names' flows to it)."""
+    if spec.domain is None:
+        raise ValueError(
+            "a process rule names a domain (its HTTP and HTTPS go through the proxy, which "
+            "knows the process); by address the kernel passes flows it cannot attribute"
+        )
+    if spec.protocol is not None and spec.protocol != "tcp":
+        raise ValueError(f"a process rule is for TCP (HTTP, HTTPS), not {spec.protocol!r}")
+    ports = {low for low, _ in _port_ranges(spec.port)}
+    if not ports <= {80, 443} or any(lo != hi for lo, hi in _port_ranges(spec.port)):
+        raise ValueError(
+            "a process rule is matched on HTTP (80) and HTTPS (443) only; for git over ssh "
+            "use its https:// URL"
         )
 
 

@@ -79,6 +79,12 @@ def gate_verdict(profile: Profile, decision: Decision, sni: str | None) -> Decis
             f"{sni} is inspected, but this address did not come from the gateway's resolver; "
             "connect by name",
         )
+    if decision.allowed and sni is not None and profile.proxied(sni):
+        return deny(
+            Reason.PROTOCOL,
+            f"{sni} is allowed for some programs only, which the proxy tells apart, but this "
+            "address did not come from the gateway's resolver; connect by name",
+        )
     return decision
 
 
@@ -118,14 +124,17 @@ def judge_answers(
     answers: Sequence[IPAddress],
     protocol: Protocol = Protocol.TCP,
     request: tuple[str, str] | None = None,
+    process: tuple[str | None] | None = None,
 ) -> Answers:
-    """Every answer judged with the name (and the request, if one is given: method, path);
-    one refused refuses the name (rebinding)."""
+    """Every answer judged with the name (and the request, if one is given: method, path;
+    and the process: (exe,), exe None if unidentified); one refused refuses the name."""
     if not answers:
         return Answers(deny(Reason.UNRESOLVABLE, f"{name} does not resolve"), None)
     method, path = request or (None, None)
+    by, exe = (process is not None), (process[0] if process is not None else None)
     each = tuple(
-        (a, decide(profile, Attempt(protocol, a, port, name, method, path))) for a in answers
+        (a, decide(profile, Attempt(protocol, a, port, name, method, path, by, exe)))
+        for a in answers
     )
     refused = next((d for _, d in each if not d.allowed), None)
     if refused is not None:

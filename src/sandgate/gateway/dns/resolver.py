@@ -342,7 +342,7 @@ class Resolver:
             )
         ttl = max(0, min(ans.ttl, TTL_CAP))
         pins = pin_rules(profile, q.name)
-        inspect = profile.inspects(q.name)
+        inspect = profile.proxied(q.name)  # inspected, or judged by process (issue 14)
         return _entry(
             ans.wire,
             time.monotonic() + ttl,

@@ -200,20 +200,21 @@ def _one_request(
     dial_tls = ctx.tls_name
     # The request as sent (path and query) for request rules; logs get the redacted rec.path.
     request = (rec.method, target.path_raw.decode("latin-1") or "/")
+    who = ctx.guest.who(rec.flow_key())  # for process rules (issue 14)
     if ctx.front is not None:
         # A fronted plain-HTTP service: TLS ends here, the service is dialled as the policy allows.
         port, dial_tls = ctx.front[1], None
         rec.port = port
         address = ipaddress.IPv4Address(ctx.front[0])
-        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request)
+        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
     elif _intercepted(ctx):
         # A host:port whose requests are judged (net/compile.py's intercept4): the request goes
         # where the guest sent it, judged by that address; the Host header does not steer it.
         address, port = ipaddress.IPv4Address(ctx.original_dst[0]), ctx.original_dst[1]
         rec.port = port
-        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request)
+        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
     else:
-        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request)
+        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(
@@ -462,7 +463,8 @@ def _connect(client: _Peer, host: str | None, port: int | None, rec: Record, ctx
         leftover, _ = client.h.trailing_data
         ctx.on_connect(client.sock, rec, bytes(leftover))
         return
-    judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
+    who = ctx.guest.who(rec.flow_key())
+    judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, process=who)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(

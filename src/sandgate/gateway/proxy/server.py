@@ -236,7 +236,12 @@ class Proxy:
         target_name = hello.sni or name
         assert rec.port is not None
         judged = judge(
-            guest.profile, target_name, None if target_name else address, rec.port, self.resolve
+            guest.profile,
+            target_name,
+            None if target_name else address,
+            rec.port,
+            self.resolve,
+            process=guest.who(rec.flow_key()),
         )
         rec.host = target_name
         rec.decision = judged.decision
