@@ -108,6 +108,11 @@ request_rule = st.one_of(
         st.sampled_from(HTTP),
     ),
     st.builds(
+        lambda d, p: f'{{ domain = "{d}"{_scope(p, None)}, process = ["/usr/bin/git"] }}',
+        st.sampled_from(DOMAINS),
+        st.sampled_from((None, 443)),
+    ),
+    st.builds(
         lambda a, p, h: f'{{ host = "{a}", port = {p}, http = {h} }}',
         st.sampled_from(("10.77.0.10", "203.0.113.20", "203.0.113.30")),
         st.sampled_from((80, 8000, 8080)),
@@ -230,7 +235,7 @@ def test_resolver_ruleset_and_decide_agree(pol: tuple[Profile, GuestLink], tries
             f"{name} → {address} {proto}/{port}: decide() {d.key} ({d.rule_ref}), kernel "
             f"{'accepts' if got else 'refuses'}; pins {world.pinned}"
         )
-        if proto == "tcp" and port == 443 and not profile.inspects(name):
+        if proto == "tcp" and port == 443 and not profile.proxied(name):
             # The kernel's TLS gate then judges the ClientHello's name (a name whose requests
             # are judged is inspected: the resolver sent its addresses to the proxy).
             sni = gate_verdict(profile, d, name)
@@ -285,7 +290,7 @@ def test_requests_reach_only_what_decide_allows(
             judged = judge(profile, None, ip, port, lambda n: [ip], request)
             by_address = decide(profile, Attempt(Protocol.TCP, ip, port, None, method, path))
             assert judged.decision.allowed == by_address.allowed, (address, port, request)
-        elif port == 443 and by_name is not None and not profile.inspects(name):
+        elif port == 443 and by_name is not None and not profile.proxied(name):
             pass  # sent to the proxy only because the address is the gateway's own
         else:  # port 80 by its Host, inspected HTTPS by its SNI and Host
             judged = judge(profile, host, None, port, lambda n: [ip], request)
@@ -295,9 +300,12 @@ def test_requests_reach_only_what_decide_allows(
         return
     if reached:
         assert conn.allowed, (address, port, conn.key)
-        if port == 443 and by_name is not None and profile.inspects(name):
+        if port == 443 and by_name is not None and profile.proxied(name):
             return  # the TLS gate refuses an inspected name reached this way (gate_verdict)
         assert not judging, f"{address}:{port} passes raw, but {judging[0]} judges requests"
+        if port in (80, 443) and by_name is not None:  # the kernel cannot tell programs apart
+            curl = Attempt(Protocol.TCP, ip, port, by_name, by_process=True, exe="/bin/curl")
+            assert decide(profile, curl).allowed == conn.allowed, (name, port)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
