@@ -397,6 +397,11 @@ class ProfileSpec(_Strict):
     secret: list[SecretSpec] = Field(default_factory=list)
     front: list[FrontSpec] = Field(default_factory=list)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)  # per-session pids/memory/cpus
+    noexec: bool = Field(
+        default=True,
+        description="no program runs from where the agent writes (/work, /tmp, home); "
+        "false opts out",
+    )
 
     @field_validator("inspect")
     @classmethod

@@ -47,7 +47,7 @@ SESSIONS_ROOT = Path(os.environ.get("SANDGATE_SESSIONS", "/var/tmp/sandgate"))
 SCRATCH = {"tmp": "/tmp", "vartmp": "/var/tmp", "shm": "/dev/shm", "run": "/run"}
 AREAS = {"home": "/home/agent", **SCRATCH}
 
-MS_NOSUID, MS_NODEV = 2, 4
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 2, 4, 8, 32
 MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -110,6 +110,17 @@ def mount_tmpfs(target: Path, size: int) -> None:
         raise SandboxError(f"cannot mount the session's tmpfs on {target}: {os.strerror(err)}")
 
 
+def remount_noexec(target: Path, size: int) -> None:
+    """The session's tmpfs without exec (issue 14): nothing the agent writes (work dir, home,
+    /tmp, /var/tmp, /dev/shm, /run) runs as a program or maps as a library. bwrap's binds of
+    its folders keep the flag (a bind mount has its source mount's flags)."""
+    opts = f"size={size},mode=0711".encode()
+    flags = MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if _libc.mount(MOUNT_SOURCE.encode(), str(target).encode(), b"tmpfs", flags, opts) != 0:
+        err = ctypes.get_errno()
+        raise SandboxError(f"cannot make the session's disk noexec: {os.strerror(err)}")
+
+
 def unmount(target: Path) -> None:
     _libc.umount2(str(target).encode(), MNT_DETACH)
 
@@ -166,6 +177,12 @@ class Workspace:
                     "raise --disk or copy less in",
                 ) from exc
             raise
+
+    def noexec(self) -> None:
+        """No program or library from anywhere the agent can write (a given --workdir keeps
+        its own mount's flags: it is not on the session's disk)."""
+        if self.mounted:
+            remount_noexec(self.dir, self.spec.disk)
 
     def _populate(self, workdir: Path | None) -> None:
         (self.dir / "etc").mkdir(mode=0o755)

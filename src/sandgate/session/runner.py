@@ -139,6 +139,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space)
         cleanup.own(box.netns)
         guest = _add_guest(stack, box, sid, opts, uid)
+        _noexec(stack, box, guest, opts)
         spec = _spec(stack, box, guest, opts, uid)
         cgroup = _cgroup(stack, sid, guest, opts)
         start_details["limits"] = cgroup.as_json()
@@ -316,6 +317,14 @@ def _policy_of(stack: Stack, opts: RunOptions) -> str | None:
     # The daemon's working folder is not ours: an absolute path, so `sandgate reload` (and
     # the watchdog's policy check) find the file this guest was started with.
     return str(Path(policy).resolve()) if policy is not None else None
+
+
+def _noexec(stack: Stack, box: Sandbox, guest: dict[str, Any], opts: RunOptions) -> None:
+    """Writable places are noexec unless the profile opts out (issue 14: a process identity
+    is worth little if the agent can write its own executable, or preload a library)."""
+    profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
+    if (profile is None or profile.noexec) and box.space is not None:
+        box.space.noexec()
 
 
 def _cgroup(stack: Stack, sid: str, guest: dict[str, Any], opts: RunOptions) -> limits.Cgroup:
