@@ -707,8 +707,21 @@ def policy_check(
             err.print(f"[red]{len(exc.problems)} problem(s)[/red]\n{exc}", highlight=False)
         raise typer.Exit(1) from None
     profiles = ", ".join(f"{n} ({p.internet})" for n, p in pol.file.profiles.items())
+    warnings = pol.warnings()  # issue 14: a process rule's executable that is not here
+    for w in warnings:
+        if not json_out:
+            err.print(f"warning: {w}", highlight=False, markup=False)
     if json_out:
-        print(json.dumps({"file": str(path), "ok": True, "profiles": list(pol.file.profiles)}))
+        print(
+            json.dumps(
+                {
+                    "file": str(path),
+                    "ok": True,
+                    "profiles": list(pol.file.profiles),
+                    "warnings": [w.message for w in warnings],
+                }
+            )
+        )
     else:
         out.print(f"[green]ok[/green] {path}: profiles {profiles}", highlight=False)
 

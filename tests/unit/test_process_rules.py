@@ -144,3 +144,14 @@ def test_process_table_waits_briefly_and_stays_bounded() -> None:
     table.put(("g3", "tcp", 2, "x", 1), None)
     table.put(("g3", "tcp", 3, "x", 1), {"exe": "/usr/bin/curl"})
     assert table.exe(key, wait=0) is None  # the oldest went
+
+
+def test_a_missing_executable_is_a_warning_with_its_line() -> None:
+    text = (
+        '[profiles.p]\ninternet = "open"\n'
+        'allow = [\n  { domain = "x.org", process = ["/usr/bin/gti"] },\n]\n'
+    )
+    policy = parse_policy(text.encode(), "p.toml")
+    (w,) = policy.warnings(exists=lambda p: p != "/usr/bin/gti")
+    assert w.line == 4 and "/usr/bin/gti does not exist" in w.message
+    assert policy.warnings(exists=lambda p: True) == []

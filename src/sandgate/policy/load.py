@@ -158,6 +158,28 @@ class Policy:
         self._check_fronts(chosen, profile)
         return profile
 
+    def warnings(self, exists: Any = None) -> list[PolicyProblem]:
+        """What is valid but probably not meant: a process rule's executable that this machine
+        does not have (the sandbox sees this machine's system folders), e.g. a typo."""
+        import os
+
+        exists = exists or os.path.exists
+        found = []
+        for name, spec in self.file.profiles.items():
+            for i, rule in enumerate(spec.allow):
+                for exe in rule.process or ():
+                    if not exists(exe):
+                        found.append(
+                            _at(
+                                self._where(f"{name}.allow[{i}]"),
+                                f"{exe} does not exist here, so {name}.allow[{i}] matches no "
+                                "process",
+                                "check the path: `sandgate log` shows each flow's "
+                                "details.process.exe",
+                            )
+                        )
+        return found
+
     def gateway_problem(self, key: str, message: str, fix: str) -> PolicyError:
         """An error about a key of ``[gateway]``, located at that key (or the table)."""
         pos = find(self.positions, ("gateway", key))
