@@ -207,6 +207,23 @@ def _gateway_features(policy: Policy, profile: Profile) -> list[Unexpressed]:
                 "fronts are served by the gateway itself; the export has no gateway",
             )
         )  # fmt: skip
+    for rule in profile.allow:  # issue 14: request and process rules are the proxy's
+        if rule.spec.http is not None:
+            found.append(
+                at_rule(
+                    policy, rule.ref, "request-rules", "widened",
+                    "request rules (http) are judged by the gateway's proxy: the export "
+                    "allows every request to this destination",
+                )
+            )  # fmt: skip
+        if rule.spec.process is not None:
+            found.append(
+                at_rule(
+                    policy, rule.ref, "process-rules", "widened",
+                    "process rules are matched by the gateway's proxy: the export allows "
+                    "every program of the pod",
+                )
+            )  # fmt: skip
     if ("profiles", profile.name, "tunnels") in policy.positions:
         found.append(
             at_key(
