@@ -221,6 +221,13 @@ def run(
     pids: PidsOpt = None,
     memory: MemoryOpt = None,
     cpus: CpusOpt = None,
+    ask: Annotated[
+        bool,
+        typer.Option(
+            "--ask",
+            help="allowlist mode where a new name waits for `sandgate approve` (issue 14)",
+        ),
+    ] = False,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
     from sandgate.report.render import print_report
@@ -248,12 +255,13 @@ def run(
         command=command,
         policy=policy,
         profile=profile,
-        mode=_mode(mode),
+        mode=_mode(mode) or ("allowlist" if ask else None),
         allow=allow or (),
         deny=deny or (),
         world=world,
         workdir=workdir,
         timeout=timeout,
+        ask=ask,
         uid=uid,
         env=extra_env,
         instance=instance,
@@ -1225,6 +1233,61 @@ def reload(
 
 
 # -- end of reload --------------------------------------------------------------------------------
+
+
+# -- issue 14: approve ----------------------------------------------------------------------------
+@app.command()
+def approve(
+    name: Annotated[str | None, typer.Argument(help="the name that waits")] = None,
+    always: Annotated[
+        bool, typer.Option("--always", help="also add its rule to the policy's overlay file")
+    ] = False,
+    deny_it: Annotated[bool, typer.Option("--deny", help="refuse it (for this session)")] = False,
+    list_them: Annotated[bool, typer.Option("--list", help="what waits for an answer")] = False,
+    instance: Annotated[
+        str | None, typer.Option("--instance", help="which gateway (default: main, then test)")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Answer a session run with --ask (internet = "ask"): a new name waits for this."""
+    from sandgate.gateway import manage
+
+    if list_them or name is None:
+        try:
+            pending = manage.approvals(instance)
+        except SandgateError as exc:
+            _fail(exc)
+            return
+        for p in pending:
+            if json_out:
+                print(json.dumps(p))
+            else:
+                out.print(
+                    f"{p['name']}  session {p['session']}  waiting {p['waiting_s']} s",
+                    highlight=False,
+                )
+        if not pending and not json_out:
+            out.print("nothing waits for an answer")
+        return
+    if always and deny_it:
+        raise typer.BadParameter("choose --always or --deny", param_hint="--deny")
+    verdict = "deny" if deny_it else "always" if always else "allow"
+    try:
+        answer = manage.approve(instance, name, verdict)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if json_out:
+        print(json.dumps(answer))
+    else:
+        out.print(
+            f"{verdict} {name}"
+            + (f"; its rule is in {answer['overlay']}" if answer.get("overlay") else ""),
+            highlight=False,
+        )
+
+
+# -- end issue 14: approve ------------------------------------------------------------------------
 
 
 def main() -> Any:

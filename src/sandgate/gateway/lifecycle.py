@@ -17,11 +17,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event, FlowKey, Kind
+from sandgate.events.store import home_of
 from sandgate.gateway import registry
+from sandgate.gateway.approvals import Approvals
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.guests import Guest, GuestTable
@@ -49,7 +52,7 @@ from sandgate.net.compile import (
 from sandgate.net.links import Plumber, guest_mac
 from sandgate.net.nflog import NflogSocket
 from sandgate.net.nft import Nft, batch
-from sandgate.policy.load import Policy, load_policy
+from sandgate.policy.load import BUILTIN, Policy, load_policy
 from sandgate.policy.model import Mode
 from sandgate.policy.profile import Profile
 
@@ -76,6 +79,7 @@ class Lifecycle:
     ) -> None:
         self.cfg, self.table, self.sink, self.feed = cfg, table, sink, feed
         self.processes = ProcessTable()  # flow → executable, from the holds, for the proxy
+        self._approvals: Approvals | None = None  # made on the first guest that asks
         self.nft, self.limits, self.sites = nft, limits, sites
         self.resolver, self.proxy, self.check = resolver, proxy, check
         self.netlink, self.plumber, self._nl = netlink, plumber, nl
@@ -110,6 +114,7 @@ class Lifecycle:
             gateway_address=link.gateway,
             guest_pool=self.pool,
             host_addresses=self.host_addresses,
+            ask=bool(msg.get("ask")),
         )
 
     def check_wiring(self, policy: Policy) -> None:
@@ -139,6 +144,8 @@ class Lifecycle:
             policy = load_policy(msg.get("policy"))
             self.check_wiring(policy)
             profile = self.profile_for(msg, policy, link)
+            if profile.ask:
+                _ = self.approvals  # the resolver asks from now on (issue 14)
             netns = msg["netns"]
             ns.check_ours(netns)
             guest = await self._join(msg, link, policy, profile, netns, canary)
@@ -217,6 +224,9 @@ class Lifecycle:
             pg = ProxyGuest(
                 link, session, profile, load_secrets(profile.secrets, session), self.processes.exe
             )
+            if profile.ask:
+                approvals = self.approvals
+                pg.ask = lambda name: approvals.wait_blocking(link.ifname, session, name)
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
             uidlog = NflogSocket.in_netns(ns.path(netns), GROUP_GUEST, qthresh=1, timeout_cs=1)
@@ -302,23 +312,7 @@ class Lifecycle:
                 changed.append((guest, profile))
         cut = 0
         for guest, profile in changed:
-            before = self.counters(guest)
-            cmds, sites = guest_add(guest.link, profile, self.limits)
-            self.nft.run(
-                batch(*guest_remove(guest.link, guest.sites.values(), guest.profile), *cmds)
-            )
-            self._retire(guest.profile.name, before)
-            guest.profile, guest.sites = profile, sites
-            self.sites.update(sites)
-            names = self.resolver.names(guest.dns.profile_key)
-            # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
-            # holds any more; its next answers pin again.
-            self.resolver.forget(guest.dns.profile_key)
-            guest.dns.pinned.clear()
-            guest.dns.profile = profile
-            guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
-            if guest.proxy is not None:
-                guest.proxy.profile = profile
+            names = self._swap(guest, profile)
             self.sink.emit(
                 Event(
                     kind=Kind.NOTICE,
@@ -330,6 +324,59 @@ class Lifecycle:
             cut += self._cut_denied(guest, profile, names)
         self.check.note()
         return {"guests": using, "changed": len(changed), "cut": cut}
+
+    def _swap(self, guest: Guest, profile: Profile) -> dict[str, set[str]]:
+        """A guest's rules, pins, resolver and proxy moved to ``profile`` in one nftables
+        batch; the names its resolver had answered (for cutting flows)."""
+        before = self.counters(guest)
+        cmds, sites = guest_add(guest.link, profile, self.limits)
+        self.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile), *cmds))
+        self._retire(guest.profile.name, before)
+        guest.profile, guest.sites = profile, sites
+        self.sites.update(sites)
+        names = self.resolver.names(guest.dns.profile_key)
+        # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
+        # holds any more; its next answers pin again.
+        self.resolver.forget(guest.dns.profile_key)
+        guest.dns.pinned.clear()
+        guest.dns.profile = profile
+        guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
+        if guest.proxy is not None:
+            guest.proxy.profile = profile
+        return names
+
+    # -- approvals (issue 14) -------------------------------------------------------------------
+
+    @property
+    def approvals(self) -> Approvals:
+        if self._approvals is None:
+            self._approvals = Approvals(
+                self.sink_loop, self._grant, self.sink.emit, self._overlay_for
+            )
+            self.resolver.asks = lambda g, name, done: self._approvals is not None and (
+                self._approvals.ask(g.link.ifname, g.session, name, done)
+            )
+        return self._approvals
+
+    def _grant(self, link: str, rule: str, name: str) -> None:
+        """An approved name: the guest's own profile gains its rule (as --allow would)."""
+        guest = self.table.by_link.get(link)
+        if guest is None:
+            return
+        guest.msg["allow"] = [*guest.msg.get("allow", ()), rule]
+        profile = self.profile_for(guest.msg, load_policy(guest.msg.get("policy")), guest.link)
+        self._swap(guest, profile)
+
+    def _overlay_for(self, link: str) -> tuple[Path, str, str] | None:
+        guest = self.table.by_link.get(link)
+        if guest is None:
+            return None
+        policy = guest.msg.get("policy")
+        stem = Path(policy).stem if policy else "default"
+        extends = str(Path(policy).resolve()) if policy else BUILTIN
+        # Beside the event store (SANDGATE_HOME): the gateway's, and the user's to review.
+        home = home_of(self.cfg.store or None)
+        return home / "approved" / f"{stem}.toml", extends, guest.profile.name
 
     def _cut_denied(self, guest: Guest, profile: Profile, names: dict[str, set[str]]) -> int:
         """Established flows outlive a rule swap (``ct state established`` accepts them): cut
@@ -372,6 +419,8 @@ class Lifecycle:
         if guest is None:
             raise SandgateError(f"no guest {name!r} on this gateway")
         t = _Phases()
+        if self._approvals is not None:
+            self._approvals.forget_guest(name)  # its waiters are refused at once
         # The last packets' log records arrive within NFLOG_SETTLE; a caller that knows when
         # the guest went quiet (its processes were killed) saves the part already waited.
         quiet = time.time() - quiet_since if quiet_since is not None else 0.0

@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sandgate import pids
 from sandgate.errors import GatewayError, SetupError
@@ -284,3 +285,16 @@ def reload(instance: str | None, policy: str | Path, make_default: bool = False)
         int(answer.get("cut", 0)),
         make_default,
     )
+
+
+def approvals(instance: str | None) -> list[dict[str, Any]]:
+    """What waits for an answer on the running gateway (issue 14)."""
+    with running(instance).client() as c:
+        pending: list[dict[str, Any]] = c.call("approvals").get("pending", [])
+    return pending
+
+
+def approve(instance: str | None, name: str, verdict: str) -> dict[str, Any]:
+    """Answer ``name`` (allow | always | deny) on the running gateway."""
+    with running(instance).client() as c:
+        return c.call("approve", name=name, verdict=verdict)

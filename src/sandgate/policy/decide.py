@@ -88,6 +88,10 @@ class Reason(enum.Enum):
     CNAME_LOOP = ("deny.cname_loop", "an alias chain that loops")
     REQUEST = ("deny.request", "the rule for this destination does not allow this request")
     PROCESS = ("deny.process", "the rule for this destination is for other programs")
+    APPROVED = ("allow.approved", "approved with sandgate approve")
+    NOT_APPROVED = ("deny.not_approved", "refused with sandgate approve --deny")
+    APPROVAL_TIMEOUT = ("deny.approval_timeout", "no answer from sandgate approve in time")
+    ASKED = ("deny.asked", "waiting for sandgate approve (refused unless approved)")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key

@@ -107,6 +107,7 @@ class Policy:
         gateway_address: IPAddress | None = None,
         guest_pool: IPNetwork | None = None,
         host_addresses: tuple[IPAddress, ...] = (),
+        ask: bool = False,
     ) -> Profile:
         """The effective profile for one guest, with the run's overrides applied.
 
@@ -154,6 +155,7 @@ class Policy:
             tunnel_idle=spec.tunnels.idle_seconds,
             tunnel_max_seconds=spec.tunnels.max_seconds,
             tunnel_max_bytes=spec.tunnels.max_bytes,
+            ask=(ask or spec.ask) and (mode or spec.internet) is Mode.ALLOWLIST,
         )
         self._check_fronts(chosen, profile)
         return profile

@@ -397,11 +397,24 @@ class ProfileSpec(_Strict):
     secret: list[SecretSpec] = Field(default_factory=list)
     front: list[FrontSpec] = Field(default_factory=list)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)  # per-session pids/memory/cpus
+    ask: bool = Field(
+        default=False,
+        description='internet = "ask": allowlist, and a new name waits for `sandgate approve`',
+    )
     noexec: bool = Field(
         default=True,
         description="no program runs from where the agent writes (/work, /tmp, home); "
         "false opts out",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ask_mode(cls, data: object) -> object:
+        # internet = "ask" is the allowlist mode with approvals (issue 14): decide() and the
+        # kernel see an allowlist; the gateway asks before it refuses a new name.
+        if isinstance(data, dict) and data.get("internet") == "ask":
+            return {**data, "internet": "allowlist", "ask": True}
+        return data
 
     @field_validator("inspect")
     @classmethod

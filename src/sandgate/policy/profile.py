@@ -99,6 +99,7 @@ class Profile:
     tunnel_idle: float = 300.0
     tunnel_max_seconds: float = 86400.0
     tunnel_max_bytes: int | None = None
+    ask: bool = False  # a name the allowlist refuses waits for an answer (gateway/approvals.py)
 
     @cached_property
     def has_process_rules(self) -> bool:

@@ -77,6 +77,7 @@ class RunOptions:
     details: dict[str, Any] = field(default_factory=dict)  # recorded with the session
     # --pids/--memory/--cpus; unset ones come from the profile's [limits], then the defaults.
     limits: Limits = field(default_factory=Limits)
+    ask: bool = False  # --ask: a name the allowlist refuses waits for `sandgate approve`
 
 
 @dataclass
@@ -404,6 +405,7 @@ def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int)
             allow=list(opts.allow),
             deny=list(opts.deny),
             uid=uid,
+            **({"ask": True} if opts.ask else {}),
         )
     return guest
 

@@ -33,6 +33,8 @@ class ProxyGuest:
     secrets: tuple[Secret, ...] = ()
     # The executable behind a flow, as the guest's process hold found it (None: unknown).
     identify: Callable[[FlowKey], str | None] | None = None
+    # internet = "ask": wait (blocking, bounded) for an answer on a name (gateway/approvals.py)
+    ask: Callable[[str], None] | None = None
 
     def who(self, key: FlowKey) -> Process:
         """What process rules are judged with: whether to ask, and the executable."""

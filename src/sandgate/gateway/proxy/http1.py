@@ -33,7 +33,7 @@ from sandgate.gateway.proxy.credentials import (
     rewrite_headers,
     same_lengths,
 )
-from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
+from sandgate.gateway.proxy.flow import Emit, Judged, ProxyGuest, Record, Resolve, judge
 from sandgate.policy.decide import Attempt, Reason, decide, deny
 from sandgate.policy.model import Protocol
 from sandgate.policy.requests import names_agree, placeholder_sent
@@ -215,6 +215,8 @@ def _one_request(
         judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
     else:
         judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
+        if _asked(ctx, host, judged):
+            judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(
@@ -393,6 +395,18 @@ def _exchange(
             return False
 
 
+def _asked(ctx: Ctx, host: str | None, judged: Judged) -> bool:
+    """internet = "ask": a name the allowlist refuses waits for `sandgate approve` (bounded);
+    True when it was asked (judge again: the guest's profile may have gained its rule)."""
+    guest = ctx.guest
+    if guest.ask is None or not guest.profile.ask or host is None:
+        return False
+    if judged.decision.reason is not Reason.NOT_ALLOWLISTED:
+        return False
+    guest.ask(host)
+    return True
+
+
 def _intercepted(ctx: Ctx) -> bool:
     """Plain HTTP the kernel sent here from a port other than 80: an intercepted host:port."""
     return ctx.door == "transparent" and ctx.tls_name is None and ctx.original_dst[1] != 80
@@ -465,6 +479,8 @@ def _connect(client: _Peer, host: str | None, port: int | None, rec: Record, ctx
         return
     who = ctx.guest.who(rec.flow_key())
     judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, process=who)
+    if _asked(ctx, host, judged):
+        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, process=who)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(
