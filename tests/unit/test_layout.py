@@ -25,9 +25,9 @@ EXPORTS = {
     "sandgate.events": ["chain", "ocsf", "redact", "schema", "store", "verify"],
     "sandgate.export": ["cilium", "k8s", "space", "unexpressed"],
     "sandgate.gateway": [
-        "config", "control", "daemon", "dns", "guests", "integrity", "lifecycle", "logfeed",
-        "logs", "manage", "proxy", "registry", "selfcheck", "server", "sink", "watchdog",
-        "reload",
+        "approvals", "config", "control", "daemon", "dns", "guests", "integrity", "lifecycle",
+        "logfeed", "logs", "manage", "proxy", "registry", "selfcheck", "server", "sink",
+        "watchdog", "reload",
     ],
     "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],

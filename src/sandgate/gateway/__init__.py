@@ -7,6 +7,7 @@ the sink (logfeed.py), its config and control socket, starting and finding daemo
 """
 
 __all__ = [
+    "approvals",
     "config",
     "control",
     "daemon",

@@ -34,6 +34,7 @@ from sandgate.policy.model import (
     SecretSpec,
     front_upstream,
 )
+from sandgate.policy.overlay import BUILTIN_NAME, EXTENDS, OverlayFile
 from sandgate.policy.profile import Front, Profile, Rule, inspect_patterns, rules_from_specs
 
 BUILTIN = "<built-in default>"
@@ -268,11 +269,8 @@ def parse_policy(text: bytes, source: str) -> Policy:
     problems = list(_world_only_keys(raw, positions, source))
     if problems:
         raise PolicyError(problems)
-    if "extends" in raw:
-        from sandgate.policy.overlay import parse_overlay
-
-        overlaid: Policy = parse_overlay(raw, positions, source)
-        return overlaid
+    if EXTENDS in raw:
+        return parse_overlay(raw, positions, source)
     try:
         file = PolicyFile.model_validate(raw)
     except ValidationError as exc:
@@ -547,3 +545,75 @@ def _one(source: str, message: str, fix: str) -> PolicyError:
 
 def _at(stub: PolicyProblem, message: str, fix: str) -> PolicyProblem:
     return PolicyProblem(stub.file, stub.line, stub.column, message, fix)
+
+
+# -- overlays (policy/overlay.py): a file that adds rules to another policy ---------------
+
+
+def parse_overlay(raw: dict[str, Any], positions: dict[Any, Position], source: str) -> Policy:
+    """The policy an overlay file extends, with the overlay's rules added (a ``Policy``)."""
+    try:
+        overlay = OverlayFile.model_validate(raw)
+    except ValidationError as exc:
+        found = [_problem_from_pydantic(e, positions, source) for e in exc.errors()]
+        if any(e["loc"][:1] not in (("extends",), ("profiles",)) for e in exc.errors()):
+            found.append(
+                PolicyProblem(
+                    source,
+                    None,
+                    None,
+                    "an overlay (a file with 'extends') holds only extends and the allow "
+                    "and deny lists of profiles.NAME tables",
+                    "put modes, secrets and new profiles in the policy it extends",
+                )
+            )
+        raise PolicyError(sorted(found, key=_in_file_order)) from None
+    if overlay.extends == BUILTIN_NAME:
+        base = load_policy(None)
+    else:
+        target = Path(overlay.extends)
+        if not target.is_absolute() and source != BUILTIN_NAME:
+            target = Path(source).resolve().parent / target
+        if target.resolve() == Path(source).resolve():
+            pos = find(positions, (EXTENDS,))
+            raise PolicyError([_located(source, pos, "an overlay cannot extend itself", "")])
+        base = load_policy(target)
+    return apply_overlay(base, overlay, positions, source)
+
+
+def apply_overlay(
+    base: Policy, overlay: OverlayFile, positions: dict[Any, Position], source: str
+) -> Policy:
+    """``base`` (a ``Policy``) with the overlay's rules appended to its profiles."""
+    problems: list[PolicyProblem] = []
+    profiles = dict(base.file.profiles)
+    origins: dict[tuple[str | int, ...], tuple[str, Position | None]] = dict(base.origins)
+    for name, extra in overlay.profiles.items():
+        spec = profiles.get(name)
+        if spec is None:
+            problems.append(
+                _located(
+                    source,
+                    find(positions, ("profiles", name)),
+                    f"{base.source} has no profile {name!r} to add rules to",
+                    f"choose one of {', '.join(sorted(profiles))}",
+                )
+            )
+            continue
+        for action in ("allow", "deny"):
+            mine: list[RuleSpec] = getattr(spec, action)
+            for i in range(len(mine)):
+                key = ("profiles", name, action, i)
+                origins.setdefault(key, (base.source, find(base.positions, key)))
+            for j in range(len(getattr(extra, action))):
+                at = ("profiles", name, action, j)
+                origins[("profiles", name, action, len(mine) + j)] = (source, find(positions, at))
+        profiles[name] = spec.model_copy(
+            update={"allow": spec.allow + extra.allow, "deny": spec.deny + extra.deny}
+        )
+    if problems:
+        raise PolicyError(problems)
+    file = base.file.model_copy(update={"profiles": profiles})
+    merged = Policy(file, source, base.positions, origins, base.source)
+    merged.check()
+    return merged

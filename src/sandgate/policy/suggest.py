@@ -32,8 +32,9 @@ from typing import Any
 
 from sandgate.policy.classify import AddressClass, classify
 from sandgate.policy.decide import Attempt, decide, decide_name
+from sandgate.policy.load import apply_overlay
 from sandgate.policy.model import IPNetwork, Mode, Protocol, RuleSpec
-from sandgate.policy.overlay import BUILTIN_NAME, OverlayFile, OverlayProfile, apply_overlay
+from sandgate.policy.overlay import BUILTIN_NAME, OverlayFile, OverlayProfile
 
 __all__ = ["Refusal", "Suggested", "Suggestion", "refusals", "suggest"]
 
