@@ -123,15 +123,17 @@ class Approvals:
             p = self.pending.pop(key)
             if p.timer is not None:
                 p.timer.cancel()
-            if verdict == "deny":
-                self.denied.add(key)
-            else:
-                self.grant(p.guest, rule_text(name), name)
-                if verdict == "always":
-                    written = self._always(p.guest, name) or written
-            self._event(p, verdict, f"answered by sandgate approve{' --' + verdict}")
-            for done in p.waiters:
-                done()
+            try:
+                if verdict == "deny":
+                    self.denied.add(key)
+                else:
+                    self.grant(p.guest, rule_text(name), name)
+                    if verdict == "always":
+                        written = self._always(p.guest, name) or written
+                self._event(p, verdict, f"answered by sandgate approve{' --' + verdict}")
+            finally:
+                for done in p.waiters:  # judged again whatever happened: never left waiting
+                    done()
         return {"name": name, "verdict": verdict, "guests": len(keys), "overlay": written}
 
     def _always(self, guest: str, name: str) -> str | None:

@@ -361,7 +361,7 @@ class Lifecycle:
     def _grant(self, link: str, rule: str, name: str) -> None:
         """An approved name: the guest's own profile gains its rule (as --allow would)."""
         guest = self.table.by_link.get(link)
-        if guest is None:
+        if guest is None or rule in guest.msg.get("allow", ()):
             return
         guest.msg["allow"] = [*guest.msg.get("allow", ()), rule]
         profile = self.profile_for(guest.msg, load_policy(guest.msg.get("policy")), guest.link)
