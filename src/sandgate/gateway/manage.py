@@ -16,7 +16,7 @@ from typing import Any
 
 from sandgate import pids
 from sandgate.errors import GatewayError, SetupError
-from sandgate.gateway.config import GatewayConfig, netns_of, pid_path, run_dir
+from sandgate.gateway.config import RUN_ROOT, GatewayConfig, netns_of, pid_path, run_dir
 from sandgate.gateway.control import ControlClient
 from sandgate.sandbox import limits
 
@@ -287,14 +287,37 @@ def reload(instance: str | None, policy: str | Path, make_default: bool = False)
     )
 
 
+def _answering(instance: str | None) -> list[GatewayHandle]:
+    """The gateway ``instance``; without one, every running gateway: ``sandgate run`` without
+    ``up`` has one of its own, with a random name."""
+    if instance is not None:
+        return [running(instance)]
+    names = sorted(p.name for p in RUN_ROOT.iterdir()) if RUN_ROOT.is_dir() else []
+    handles = [h for h in (find(n) for n in names) if h is not None]
+    if not handles:
+        raise GatewayError("no gateway is running", "start a session with `sandgate run --ask`")
+    return handles
+
+
 def approvals(instance: str | None) -> list[dict[str, Any]]:
-    """What waits for an answer on the running gateway (issue 14)."""
-    with running(instance).client() as c:
-        pending: list[dict[str, Any]] = c.call("approvals").get("pending", [])
+    """What waits for an answer on the running gateways (issue 14)."""
+    pending: list[dict[str, Any]] = []
+    for handle in _answering(instance):
+        with contextlib.suppress(GatewayError, OSError), handle.client() as c:
+            for p in c.call("approvals").get("pending", []):
+                pending.append({**p, "instance": handle.instance})
     return pending
 
 
 def approve(instance: str | None, name: str, verdict: str) -> dict[str, Any]:
-    """Answer ``name`` (allow | always | deny) on the running gateway."""
-    with running(instance).client() as c:
-        return c.call("approve", name=name, verdict=verdict)
+    """Answer ``name`` (allow | always | deny) on the gateway where it waits."""
+    last: GatewayError | None = None
+    for handle in _answering(instance):
+        try:
+            with handle.client() as c:
+                answer: dict[str, Any] = c.call("approve", name=name, verdict=verdict)
+                return answer
+        except GatewayError as exc:
+            last = exc
+    assert last is not None
+    raise last
