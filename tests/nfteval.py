@@ -129,11 +129,14 @@ class Ruleset:
         """Does the packet reach ``pkt.daddr``? And which verdict said so. ``gateway`` is the
         address of the link's own gateway, where redirected packets are delivered."""
         self.last_mark: str | None = None  # an inline logging site passed on the way
+        self.redirect_port: int | None = None
         pre = self.run_base("prerouting", pkt, local)
-        if pre.kind == "redirect" and pkt.proto == "tcp" and pkt.dport in PROXIED:
+        door = self.redirect_port
+        if pre.kind == "redirect" and pkt.proto == "tcp" and door in PROXIED.values():
             # Web traffic goes to the proxy's listener on the gateway, which judges it with
             # decide() (and the name, when there is one): the kernel's part is to get it there.
-            into = replace(pkt, daddr=gateway, dport=PROXIED[pkt.dport], name=None)
+            # Port 80 and 443 go to their doors; an intercepted host:port to the HTTP door.
+            into = replace(pkt, daddr=gateway, dport=door, name=None)
             got = self.run_base("input", into, local)
             return got.kind == "accept", Verdict("proxy", None) if got.kind == "accept" else got
         if pre.kind == "redirect":
@@ -211,6 +214,7 @@ class Ruleset:
             elif key in ("accept", "drop", "reject"):
                 return Verdict(key, site)
             elif key == "redirect":
+                self.redirect_port = arg.get("port")
                 return Verdict(key, site or self.last_mark)
             elif key == "masquerade":
                 return None

@@ -252,6 +252,13 @@ def run(
     nic: Annotated[
         str, typer.Option("--nic", help="the VM's network: 'tap' (its guest link) or 'none'")
     ] = "tap",
+    ask: Annotated[
+        bool,
+        typer.Option(
+            "--ask",
+            help="allowlist mode where a new name waits for `sandgate approve` (issue 14)",
+        ),
+    ] = False,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
     from sandgate.report.render import print_report
@@ -279,12 +286,13 @@ def run(
         command=command,
         policy=policy,
         profile=profile,
-        mode=_mode(mode),
+        mode=_mode(mode) or ("allowlist" if ask else None),
         allow=allow or (),
         deny=deny or (),
         world=world,
         workdir=workdir,
         timeout=timeout,
+        ask=ask,
         uid=uid,
         env=extra_env,
         instance=instance,
@@ -385,6 +393,10 @@ def explain(
                 + (f"  [dim]rule {e.rule}[/dim]" if e.rule else ""),
                 highlight=False,
             )
+            if e.requests:  # issue 14: request rules
+                out.print(f"      requests: only {', '.join(e.requests)}", highlight=False)
+            if e.inspected:
+                out.print(f"      {e.inspected}", highlight=False)
     raise typer.Exit(0)
 
 
@@ -741,8 +753,21 @@ def policy_check(
             err.print(f"[red]{len(exc.problems)} problem(s)[/red]\n{exc}", highlight=False)
         raise typer.Exit(1) from None
     profiles = ", ".join(f"{n} ({p.internet})" for n, p in pol.file.profiles.items())
+    warnings = pol.warnings()  # issue 14: a process rule's executable that is not here
+    for w in warnings:
+        if not json_out:
+            err.print(f"warning: {w}", highlight=False, markup=False)
     if json_out:
-        print(json.dumps({"file": str(path), "ok": True, "profiles": list(pol.file.profiles)}))
+        print(
+            json.dumps(
+                {
+                    "file": str(path),
+                    "ok": True,
+                    "profiles": list(pol.file.profiles),
+                    "warnings": [w.message for w in warnings],
+                }
+            )
+        )
     else:
         out.print(f"[green]ok[/green] {path}: profiles {profiles}", highlight=False)
     # host_loopback (issue 10): a port nothing listens on here yet is worth a warning.
@@ -755,6 +780,64 @@ def policy_check(
             highlight=False,
             markup=False,
         )
+
+
+# -- issue 14: policy suggest ------------------------------------------------------------------
+@policy_app.command("suggest")
+def policy_suggest(
+    session: Annotated[str, typer.Option("--session", "-s", help="session id or 'last'")] = "last",
+    json_out: JsonOpt = False,
+) -> None:
+    """A session's refusals as the allow rules that would have let them through: an overlay on
+    the session's policy (TOML on stdout), a comment per rule, risky ones commented out."""
+    import ipaddress
+
+    from sandgate.events.store import Store
+    from sandgate.policy.load import BUILTIN, load_policy
+    from sandgate.policy.model import Mode
+    from sandgate.policy.suggest import suggest
+
+    store = Store()
+    row = _session_row(store, session)
+    events = store.events(session=row.id)
+    store.close()
+    source = row.policy if row.policy and row.policy != BUILTIN else None
+    if source is not None:
+        source = str(Path(source).resolve())
+    override: tuple[Any, ...] = ()
+    if row.world == "test":
+        from sandgate.world import topology
+
+        override = tuple(ipaddress.ip_network(n) for n in topology.PUBLIC)
+    try:
+        pol = load_policy(source)
+        mode = Mode(row.mode) if row.mode else None
+        result = suggest(
+            pol, row.profile, mode, events, session=row.id, public_override=override,
+            extends=source,
+        )
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "session": row.id,
+                    "toml": result.text,
+                    "rules": [s.toml() for s in result.rules if not s.risky],
+                    "risky": [{"rule": s.toml(), "why": s.risky} for s in result.rules if s.risky],
+                    "request_notes": result.notes,
+                    "allowed_after": len(result.allowed_after),
+                    "still_refused": len(result.still_refused),
+                }
+            )
+        )
+        return
+    sys.stdout.write(result.text)
+
+
+# -- end issue 14: policy suggest ---------------------------------------------------------------
 
 
 def _export(
@@ -1322,6 +1405,61 @@ def reload(
 
 
 # -- end of reload --------------------------------------------------------------------------------
+
+
+# -- issue 14: approve ----------------------------------------------------------------------------
+@app.command()
+def approve(
+    name: Annotated[str | None, typer.Argument(help="the name that waits")] = None,
+    always: Annotated[
+        bool, typer.Option("--always", help="also add its rule to the policy's overlay file")
+    ] = False,
+    deny_it: Annotated[bool, typer.Option("--deny", help="refuse it (for this session)")] = False,
+    list_them: Annotated[bool, typer.Option("--list", help="what waits for an answer")] = False,
+    instance: Annotated[
+        str | None, typer.Option("--instance", help="which gateway (default: main, then test)")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Answer a session run with --ask (internet = "ask"): a new name waits for this."""
+    from sandgate.gateway import manage
+
+    if list_them or name is None:
+        try:
+            pending = manage.approvals(instance)
+        except SandgateError as exc:
+            _fail(exc)
+            return
+        for p in pending:
+            if json_out:
+                print(json.dumps(p))
+            else:
+                out.print(
+                    f"{p['name']}  session {p['session']}  waiting {p['waiting_s']} s",
+                    highlight=False,
+                )
+        if not pending and not json_out:
+            out.print("nothing waits for an answer")
+        return
+    if always and deny_it:
+        raise typer.BadParameter("choose --always or --deny", param_hint="--deny")
+    verdict = "deny" if deny_it else "always" if always else "allow"
+    try:
+        answer = manage.approve(instance, name, verdict)
+    except SandgateError as exc:
+        _fail(exc)
+        return
+    if json_out:
+        print(json.dumps(answer))
+    else:
+        out.print(
+            f"{verdict} {name}"
+            + (f"; its rule is in {answer['overlay']}" if answer.get("overlay") else ""),
+            highlight=False,
+        )
+
+
+# -- end issue 14: approve ------------------------------------------------------------------------
 
 
 def main() -> Any:

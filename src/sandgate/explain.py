@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandgate.policy.classify import classify
-from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny
+from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny, request_rules
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_target
 from sandgate.policy.model import IPAddress, Protocol
 from sandgate.policy.profile import Profile
@@ -34,6 +34,10 @@ class Explanation:
     port: int | None = None
     protocol: str = "tcp"
     addresses: list[dict[str, Any]] = field(default_factory=list)
+    # Request rules that judge each request to the target (``METHOD /path`` entries), and why
+    # its HTTPS is inspected when a request rule forces it.
+    requests: list[str] = field(default_factory=list)
+    inspected: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +50,8 @@ class Explanation:
             "port": self.port,
             "protocol": self.protocol,
             "addresses": self.addresses,
+            "requests": self.requests,
+            "inspected": self.inspected,
         }
 
 
@@ -79,6 +85,8 @@ def explain(
         d = decide(profile, Attempt(protocol, address, port))
         out = _out(text, d, protocol, host=str(address), port=port)
         out.addresses = [_address(address, d)]
+        if d.allowed:
+            _requests(out, profile, Attempt(protocol, address, port))
         return out
     name = target.host.name
     if profile.front(name) is not None:
@@ -90,7 +98,17 @@ def explain(
     judged = judge_answers(profile, name, port, addresses, protocol)
     out = _out(text, judged.decision, protocol, host=name, port=port)
     out.addresses = [_address(a, d) for a, d in judged.each]
+    if judged.decision.allowed:
+        _requests(out, profile, Attempt(protocol, judged.address, port, name))
+        forced = profile.forced_inspection(name) if port in (443, None) else None
+        if forced is not None and not any(p.matches(name) for p in profile.inspect):
+            out.inspected = f"HTTPS is inspected: forced by {forced}, whose requests are judged"
     return out
+
+
+def _requests(out: Explanation, profile: Profile, attempt: Attempt) -> None:
+    """The request rules that would judge each request (empty: requests are not judged)."""
+    out.requests = [str(q) for r in request_rules(profile, attempt) for q in r.spec.requests]
 
 
 def _out(

@@ -310,7 +310,9 @@ def test_sse_lockstep_through_the_proxy(sandbox: Runner, work: Path, mode: str) 
 
 def test_pip_installs_from_the_test_world_index(sandbox: Runner, work: Path) -> None:
     r = sandbox.sh(
-        f"{VENV_PY} -m venv /tmp/v && /tmp/v/bin/pip install --no-cache-dir -q "
+        # pip through the interpreter: /tmp is noexec (issue 14), so bin/pip (a script) would
+        # not run; bin/python is a link to the system's.
+        f"{VENV_PY} -m venv /tmp/v && /tmp/v/bin/python -m pip install --no-cache-dir -q "
         "--index-url https://pypi.org/simple/ sandgate-hello > /work/out.txt 2>&1; "
         "/tmp/v/bin/python -c 'import sandgate_hello; print(sandgate_hello.GREETING)' "
         ">> /work/out.txt 2>&1",

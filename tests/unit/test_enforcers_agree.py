@@ -40,7 +40,14 @@ from sandgate.gateway.dns.resolver import GuestDNS, Resolver
 from sandgate.gateway.proxy.flow import judge
 from sandgate.net.compile import GuestLink, base_ruleset, guest_add, pin_set
 from sandgate.policy import dnsnames
-from sandgate.policy.decide import Attempt, decide, decide_answer, decide_inbound, decide_name
+from sandgate.policy.decide import (
+    Attempt,
+    decide,
+    decide_answer,
+    decide_inbound,
+    decide_name,
+    request_rules,
+)
 from sandgate.policy.load import parse_policy
 from sandgate.policy.model import Protocol
 from sandgate.policy.pins import pin_rules
@@ -101,6 +108,28 @@ domain_rule = st.builds(
 net_rule = st.builds(
     lambda n, s: f'{{ cidr = "{n}"{_scope(*s)} }}', st.sampled_from(NETS), rule_scope
 )
+# Request rules (issue 14): on names (HTTP and HTTPS) and on host:ports (plain HTTP).
+HTTP = ('["GET /*"]', '["POST /v1/chat/completions", "GET /v1/models"]', '["* /simple/*"]')
+REQUESTS = ("GET", "/x"), ("POST", "/v1/chat/completions"), ("GET", "/simple/r/"), ("PUT", "/")
+request_rule = st.one_of(
+    st.builds(
+        lambda d, p, h: f'{{ domain = "{d}"{_scope(p, None)}, http = {h} }}',
+        st.sampled_from(DOMAINS),
+        st.sampled_from((None, 80, 443, [80, 443])),
+        st.sampled_from(HTTP),
+    ),
+    st.builds(
+        lambda d, p: f'{{ domain = "{d}"{_scope(p, None)}, process = ["/usr/bin/git"] }}',
+        st.sampled_from(DOMAINS),
+        st.sampled_from((None, 443)),
+    ),
+    st.builds(
+        lambda a, p, h: f'{{ host = "{a}", port = {p}, http = {h} }}',
+        st.sampled_from(("10.77.0.10", "203.0.113.20", "203.0.113.30")),
+        st.sampled_from((80, 8000, 8080)),
+        st.sampled_from(HTTP),
+    ),
+)
 
 
 HOST_LOOPBACK = (11434, 1234, 8080)  # Ollama, LM Studio, and a port attempts also use
@@ -122,7 +151,9 @@ def policies(draw: st.DrawFn) -> tuple[Profile, GuestLink]:
     pool = draw(st.sampled_from(POOLS))
     mode = draw(st.sampled_from(("locked", "open", "allowlist")))
     allow = draw(
-        st.lists(st.one_of(domain_rule, net_rule, loopback_rule), max_size=5, unique=True)
+        st.lists(
+            st.one_of(domain_rule, net_rule, loopback_rule, request_rule), max_size=5, unique=True
+        )
     )
     deny = draw(st.lists(st.one_of(domain_rule, net_rule), max_size=3, unique=True))
     expose = draw(st.lists(expose_rule, max_size=2, unique=True))
@@ -156,6 +187,7 @@ class World:
             s.counter.removeprefix("c_"): s for s in {**base_sites, **guest_sites}.values()
         }
         self.pinned: list[tuple[str, tuple[str, ...]]] = []
+        self.proxied = False  # the last packet kernel() judged went to the proxy
         self.resolver = Resolver([], lambda key, event: None, self._pin)
         self.dns = GuestDNS(link, None, profile, "p")
 
@@ -164,6 +196,8 @@ class World:
     ) -> int:
         for tag in tags:
             self.ruleset.sets[pin_set(self.link.ifname, tag)] += list(addresses)
+        if insp:  # HTTPS to an inspected name's addresses goes to the proxy
+            self.ruleset.sets["inspect4"] += [{"concat": [self.link.ifname, a]} for a in addresses]
         self.pinned += [(a, tuple(tags)) for a in addresses]
         return 300
 
@@ -196,7 +230,8 @@ class World:
 
     def kernel(self, address: str, proto: str, port: int | None) -> bool:
         pkt = Packet(IPv4Address(address), proto, port, self.link.ifname)
-        reached, _ = self.ruleset.judge(pkt, {self.link.gateway}, self.link.gateway)
+        reached, verdict = self.ruleset.judge(pkt, {self.link.gateway}, self.link.gateway)
+        self.proxied = verdict.kind == "proxy"
         return reached
 
 
@@ -222,13 +257,20 @@ def test_resolver_ruleset_and_decide_agree(pol: tuple[Profile, GuestLink], tries
             continue  # the guest never learns an address for the name
         d = decide(profile, Attempt(Protocol(proto), ipaddress.ip_address(address), port, name))
         got = world.kernel(address, proto, port)
+        if world.proxied:
+            # The proxy judges it: an inspected name's HTTPS by name (dialling what it checked),
+            # an intercepted host:port's plain HTTP by the address it was sent to.
+            ip = ipaddress.ip_address(address)
+            by_name = name if port == 443 else None
+            got = judge(profile, by_name, ip if port != 443 else None, port, lambda n, a=ip: [a])
+            got = got.decision.allowed
         assert got == d.allowed, (
             f"{name} → {address} {proto}/{port}: decide() {d.key} ({d.rule_ref}), kernel "
             f"{'accepts' if got else 'refuses'}; pins {world.pinned}"
         )
-        if proto == "tcp" and port == 443:
-            # The kernel's TLS gate then judges the ClientHello's name (no profile here
-            # inspects, so the gate's verdict is decide()'s).
+        if proto == "tcp" and port == 443 and not profile.proxied(name):
+            # The kernel's TLS gate then judges the ClientHello's name (a name whose requests
+            # are judged is inspected: the resolver sent its addresses to the proxy).
             sni = gate_verdict(profile, d, name)
             assert sni.allowed == d.allowed, (name, sni.key, d.key)
 
@@ -245,6 +287,58 @@ def test_the_proxy_agrees(pol: tuple[Profile, GuestLink], name: str, port: int) 
     first = decide(profile, Attempt(Protocol.TCP, None, port, name))
     assert judged.decision.allowed == (first.allowed and d.allowed), (name, port, judged, d)
     assert (judged.address is not None) == judged.decision.allowed
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    policies(),
+    st.sampled_from(sorted(NAMES)),
+    st.sampled_from((80, 443, 8000, 8080)),
+    st.sampled_from(REQUESTS),
+    st.booleans(),
+)
+def test_requests_reach_only_what_decide_allows(
+    pol: tuple[Profile, GuestLink], name: str, port: int, request: tuple[str, str], raw: bool
+) -> None:
+    """A request, by name or to the name's address by number: either the kernel sends it
+    to the proxy, which judges it with decide() and the request, or the kernel passes it
+    itself, and then no allow rule judges requests to that destination (they would go
+    unjudged), or it refuses it."""
+    profile, link = pol
+    world = World(profile, link)
+    address = world.resolve(name) if not raw else NAMES[name]
+    if address is None:
+        return
+    ip = ipaddress.ip_address(address)
+    by_name = None if raw else name
+    conn = decide(profile, Attempt(Protocol.TCP, ip, port, by_name))
+    pkt = Packet(IPv4Address(address), "tcp", port, link.ifname)
+    reached, verdict = world.ruleset.judge(pkt, {link.gateway}, link.gateway)
+    method, path = request
+    d = decide(profile, Attempt(Protocol.TCP, ip, port, by_name, method, path))
+    judging = request_rules(profile, Attempt(Protocol.TCP, ip, port, by_name))
+    if verdict.kind == "proxy":
+        host = by_name or address
+        if port not in (80, 443):  # an intercepted host:port: judged by where it was sent
+            judged = judge(profile, None, ip, port, lambda n: [ip], request)
+            by_address = decide(profile, Attempt(Protocol.TCP, ip, port, None, method, path))
+            assert judged.decision.allowed == by_address.allowed, (address, port, request)
+        elif port == 443 and by_name is not None and not profile.proxied(name):
+            pass  # sent to the proxy only because the address is the gateway's own
+        else:  # port 80 by its Host, inspected HTTPS by its SNI and Host
+            judged = judge(profile, host, None, port, lambda n: [ip], request)
+            first = decide(profile, Attempt(Protocol.TCP, None, port, by_name, method, path))
+            want = d.allowed and (by_name is None or first.allowed)
+            assert judged.decision.allowed == want, (host, port, request, judged, d)
+        return
+    if reached:
+        assert conn.allowed, (address, port, conn.key)
+        if port == 443 and by_name is not None and profile.proxied(name):
+            return  # the TLS gate refuses an inspected name reached this way (gate_verdict)
+        assert not judging, f"{address}:{port} passes raw, but {judging[0]} judges requests"
+        if port in (80, 443) and by_name is not None:  # the kernel cannot tell programs apart
+            curl = Attempt(Protocol.TCP, ip, port, by_name, by_process=True, exe="/bin/curl")
+            assert decide(profile, curl).allowed == conn.allowed, (name, port)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])

@@ -226,6 +226,23 @@ def _gateway_features(policy: Policy, profile: Profile) -> list[Unexpressed]:
                 None, policy.source, pos[0] if pos else None,
             )
         )  # fmt: skip
+    for rule in profile.allow:  # issue 14: request and process rules are the proxy's
+        if rule.spec.http is not None:
+            found.append(
+                at_rule(
+                    policy, rule.ref, "request-rules", "widened",
+                    "request rules (http) are judged by the gateway's proxy: the export "
+                    "allows every request to this destination",
+                )
+            )  # fmt: skip
+        if rule.spec.process is not None:
+            found.append(
+                at_rule(
+                    policy, rule.ref, "process-rules", "widened",
+                    "process rules are matched by the gateway's proxy: the export allows "
+                    "every program of the pod",
+                )
+            )  # fmt: skip
     if ("profiles", profile.name, "tunnels") in policy.positions:
         found.append(
             at_key(

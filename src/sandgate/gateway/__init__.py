@@ -7,6 +7,7 @@ daemon. Imports nothing from ``session/`` or ``world/``.
 """
 
 __all__ = [
+    "approvals",
     "config",
     "control",
     "daemon",

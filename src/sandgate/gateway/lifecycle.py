@@ -23,13 +23,15 @@ from typing import Any
 
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event, FlowKey, Kind
+from sandgate.events.store import home_of
 from sandgate.gateway import registry
+from sandgate.gateway.approvals import Approvals
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.guests import Guest, GuestTable
 from sandgate.gateway.hostlo import HostLoopback, unserved
 from sandgate.gateway.logfeed import LogFeed
-from sandgate.gateway.logs.prochold import ProcessHold
+from sandgate.gateway.logs.prochold import ProcessHold, ProcessTable
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
@@ -52,7 +54,7 @@ from sandgate.net.compile import (
 from sandgate.net.links import Plumber, guest_mac
 from sandgate.net.nflog import NflogSocket
 from sandgate.net.nft import Nft, batch
-from sandgate.policy.load import Policy, load_policy
+from sandgate.policy.load import BUILTIN, Policy, load_policy
 from sandgate.policy.model import Mode
 from sandgate.policy.profile import Profile
 
@@ -79,6 +81,8 @@ class Lifecycle:
         nl: NetlinkCall,
     ) -> None:
         self.cfg, self.table, self.sink, self.feed = cfg, table, sink, feed
+        self.processes = ProcessTable()  # flow → executable, from the holds, for the proxy
+        self._approvals: Approvals | None = None  # made on the first guest that asks
         self.nft, self.limits, self.sites = nft, limits, sites
         self.resolver, self.proxy, self.check = resolver, proxy, check
         self.netlink, self.plumber, self._nl = netlink, plumber, nl
@@ -116,6 +120,7 @@ class Lifecycle:
             gateway_address=link.gateway,
             guest_pool=self.pool,
             host_addresses=self.host_addresses,
+            ask=bool(msg.get("ask")),
         )
         return self._held_elsewhere(link, profile)
 
@@ -212,6 +217,8 @@ class Lifecycle:
             policy = load_policy(msg.get("policy"))
             self.check_wiring(policy)
             profile = self.profile_for(msg, policy, link)
+            if profile.ask:
+                _ = self.approvals  # the resolver asks from now on (issue 14)
             netns = "" if handed else msg["netns"]
             if not handed:
                 ns.check_ours(netns)
@@ -313,7 +320,12 @@ class Lifecycle:
             await self.resolver.start_guest(dns)
             undo.append(lambda: Resolver.close_listeners(dns))
             t.mark("resolver")
-            pg = ProxyGuest(link, session, profile, load_secrets(profile.secrets, session))
+            pg = ProxyGuest(
+                link, session, profile, load_secrets(profile.secrets, session), self.processes.exe
+            )
+            if profile.ask:
+                approvals = self.approvals
+                pg.ask = lambda name: approvals.wait_blocking(link.ifname, session, name)
             self.proxy.start_guest(pg)
             undo.append(lambda: self.proxy.stop_guest(pg))
             self.hostlo.start_guest(link, _loopback_ports(profile))
@@ -356,6 +368,7 @@ class Lifecycle:
         loop = self.sink_loop
 
         def report(key: FlowKey, uid: int | None, process: dict[str, Any] | None) -> None:
+            self.processes.put(key, process)  # for the proxy's process rules (issue 14)
             extra = {"process": process} if process is not None else {}
             loop.call_soon_threadsafe(lambda: self.feed.sender(key, uid, **extra))
 
@@ -404,26 +417,7 @@ class Lifecycle:
                 changed.append((guest, profile))
         cut = 0
         for guest, profile in changed:
-            before = self.counters(guest)
-            cmds, sites = guest_add(guest.link, profile, self.limits)
-            self.nft.run(
-                batch(*guest_remove(guest.link, guest.sites.values(), guest.profile), *cmds)
-            )
-            self._retire(guest.profile.name, before)
-            guest.profile, guest.sites = profile, sites
-            self.sites.update(sites)
-            names = self.resolver.names(guest.dns.profile_key)
-            # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
-            # holds any more; its next answers pin again.
-            self.resolver.forget(guest.dns.profile_key)
-            guest.dns.pinned.clear()
-            guest.dns.profile = profile
-            guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
-            if guest.proxy is not None:
-                guest.proxy.profile = profile
-            if self.hostlo.ports(guest.link) != _loopback_ports(profile):
-                self.hostlo.stop_guest(guest.link)
-                self.hostlo.start_guest(guest.link, _loopback_ports(profile))
+            names = self._swap(guest, profile)
             self.sink.emit(
                 Event(
                     kind=Kind.NOTICE,
@@ -435,6 +429,62 @@ class Lifecycle:
             cut += self._cut_denied(guest, profile, names)
         self.check.note()
         return {"guests": using, "changed": len(changed), "cut": cut}
+
+    def _swap(self, guest: Guest, profile: Profile) -> dict[str, set[str]]:
+        """A guest's rules, pins, resolver and proxy moved to ``profile`` in one nftables
+        batch; the names its resolver had answered (for cutting flows)."""
+        before = self.counters(guest)
+        cmds, sites = guest_add(guest.link, profile, self.limits)
+        self.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile), *cmds))
+        self._retire(guest.profile.name, before)
+        guest.profile, guest.sites = profile, sites
+        self.sites.update(sites)
+        names = self.resolver.names(guest.dns.profile_key)
+        # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
+        # holds any more; its next answers pin again.
+        self.resolver.forget(guest.dns.profile_key)
+        guest.dns.pinned.clear()
+        guest.dns.profile = profile
+        guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
+        if guest.proxy is not None:
+            guest.proxy.profile = profile
+        if self.hostlo.ports(guest.link) != _loopback_ports(profile):
+            self.hostlo.stop_guest(guest.link)
+            self.hostlo.start_guest(guest.link, _loopback_ports(profile))
+        return names
+
+    # -- approvals (issue 14) -------------------------------------------------------------------
+
+    @property
+    def approvals(self) -> Approvals:
+        if self._approvals is None:
+            self._approvals = Approvals(
+                self.sink_loop, self._grant, self.sink.emit, self._overlay_for
+            )
+            self.resolver.asks = lambda g, name, done: self._approvals is not None and (
+                self._approvals.ask(g.link.ifname, g.session, name, done)
+            )
+        return self._approvals
+
+    def _grant(self, link: str, rule: str, name: str) -> None:
+        """An approved name: the guest's own profile gains its rule (as --allow would)."""
+        guest = self.table.by_link.get(link)
+        if guest is None or rule in guest.msg.get("allow", ()):
+            return
+        guest.msg["allow"] = [*guest.msg.get("allow", ()), rule]
+        profile = self.profile_for(guest.msg, load_policy(guest.msg.get("policy")), guest.link)
+        self._swap(guest, profile)
+
+    def _overlay_for(self, link: str) -> tuple[Path, str, str] | None:
+        guest = self.table.by_link.get(link)
+        if guest is None:
+            return None
+        policy = guest.msg.get("policy")
+        stem = Path(policy).stem if policy else "default"
+        extends = str(Path(policy).resolve()) if policy else BUILTIN
+        # Beside the event store (SANDGATE_HOME): the gateway's, and the user's to review.
+        home = home_of(self.cfg.store or None)
+        return home / "approved" / f"{stem}.toml", extends, guest.profile.name
 
     def _cut_denied(self, guest: Guest, profile: Profile, names: dict[str, set[str]]) -> int:
         """Established flows outlive a rule swap (``ct state established`` accepts them): cut
@@ -477,6 +527,8 @@ class Lifecycle:
         if guest is None:
             raise SandgateError(f"no guest {name!r} on this gateway")
         t = _Phases()
+        if self._approvals is not None:
+            self._approvals.forget_guest(name)  # its waiters are refused at once
         # The last packets' log records arrive within NFLOG_SETTLE; a caller that knows when
         # the guest went quiet (its processes were killed) saves the part already waited.
         quiet = time.time() - quiet_since if quiet_since is not None else 0.0

@@ -12,10 +12,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sandgate import pids
 from sandgate.errors import GatewayError, SetupError
-from sandgate.gateway.config import GatewayConfig, netns_of, pid_path, run_dir
+from sandgate.gateway.config import RUN_ROOT, GatewayConfig, netns_of, pid_path, run_dir
 from sandgate.gateway.control import ControlClient
 from sandgate.sandbox import limits
 
@@ -324,3 +325,39 @@ def reload(instance: str | None, policy: str | Path, make_default: bool = False)
         int(answer.get("cut", 0)),
         make_default,
     )
+
+
+def _answering(instance: str | None) -> list[GatewayHandle]:
+    """The gateway ``instance``; without one, every running gateway: ``sandgate run`` without
+    ``up`` has one of its own, with a random name."""
+    if instance is not None:
+        return [running(instance)]
+    names = sorted(p.name for p in RUN_ROOT.iterdir()) if RUN_ROOT.is_dir() else []
+    handles = [h for h in (find(n) for n in names) if h is not None]
+    if not handles:
+        raise GatewayError("no gateway is running", "start a session with `sandgate run --ask`")
+    return handles
+
+
+def approvals(instance: str | None) -> list[dict[str, Any]]:
+    """What waits for an answer on the running gateways (issue 14)."""
+    pending: list[dict[str, Any]] = []
+    for handle in _answering(instance):
+        with contextlib.suppress(GatewayError, OSError), handle.client() as c:
+            for p in c.call("approvals").get("pending", []):
+                pending.append({**p, "instance": handle.instance})
+    return pending
+
+
+def approve(instance: str | None, name: str, verdict: str) -> dict[str, Any]:
+    """Answer ``name`` (allow | always | deny) on the gateway where it waits."""
+    last: GatewayError | None = None
+    for handle in _answering(instance):
+        try:
+            with handle.client() as c:
+                answer: dict[str, Any] = c.call("approve", name=name, verdict=verdict)
+                return answer
+        except GatewayError as exc:
+            last = exc
+    assert last is not None
+    raise last

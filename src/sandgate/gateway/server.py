@@ -110,6 +110,8 @@ class Gateway:
             "check": self._check,
             "snapshot": self._snapshot,
             "reload": self._reload,
+            "approvals": self._approvals,  # issue 14: what waits for `sandgate approve`
+            "approve": self._approve,
             "fault": self._fault,
             "shutdown": self._shutdown_op,
         }
@@ -346,6 +348,15 @@ class Gateway:
 
     async def _reload(self, msg: dict[str, Any]) -> dict[str, Any]:
         return self.guests_.reload(str(msg["policy"]))
+
+    async def _approvals(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"pending": self.guests_.approvals.list()}
+
+    async def _approve(self, msg: dict[str, Any]) -> dict[str, Any]:
+        verdict = str(msg.get("verdict", "allow"))
+        if verdict not in ("allow", "always", "deny"):
+            raise SandgateError(f"{verdict!r} is not an answer", "answer allow, always or deny")
+        return self.guests_.approvals.answer(str(msg["name"]), verdict, msg.get("guest"))
 
     async def _fault(self, msg: dict[str, Any]) -> dict[str, Any]:
         inject_fault(str(msg.get("what")), self.table.everyone(), self.resolver, self.proxy)

@@ -28,7 +28,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandgate.policy.decide import GATEWAY_PROXY_PORTS, Decision, Reason, allow, deny
+from sandgate.policy.decide import (
+    GATEWAY_PROXY_PORTS,
+    Attempt,
+    Decision,
+    Reason,
+    allow,
+    decide,
+    deny,
+    request_rules,
+)
 from sandgate.policy.exemptions import inner_special, is_exemption, special4
 from sandgate.policy.model import IPNetwork, Mode, Protocol
 from sandgate.policy.pins import PinRule, pinned_rules
@@ -221,6 +230,7 @@ def base_ruleset(
     # guest's address → its chain that admits the forwarded flow. Filled per guest.
     b.add("map", name="xpre", type="inet_service", map="verdict")
     b.add("map", name="xfwd", type="ipv4_addr", map="verdict")
+    b.add("set", name="intercept4", type=["ifname", "ipv4_addr", "inet_service"])
     # Refused, not dropped: ICMP "administratively prohibited" for every protocol. A client
     # fails at once (no route to host), and can tell the gateway's refusal from the far end's
     # (a TCP reset, connection refused): what `sandgate prove` relies on.
@@ -280,6 +290,11 @@ def base_ruleset(
     # where the gateway must speak TLS itself: to its own address (fronted services) and to
     # addresses of names the guest's profile inspects (filled in by the resolver, with TTLs).
     web = [_match(_meta("iifname"), guest_links), _match(_meta("l4proto"), "tcp")]
+    # Plain HTTP to a host:port whose allow rule judges requests (http = [...]) goes to the
+    # proxy too, so neither --noproxy nor a raw socket goes around the request rules.
+    intercepted = {"concat": [_meta("iifname"), _payload("ip", "daddr"), _payload("th", "dport")]}
+    to_http_door = {"redirect": {"port": PROXY_HTTP_PORT}}
+    b.rule("prerouting", *web, _match(intercepted, "@intercept4"), to_http_door)
     b.rule(
         "prerouting",
         *web,
@@ -413,6 +428,9 @@ def guest_add(
     b.add("element", name="in", elem=[[g, {"jump": {"target": inp}}]])
     if profile.expose:
         _expose(b, link, profile)
+    intercepts = intercept_elements(g, profile)
+    if intercepts:
+        b.add("element", name="intercept4", elem=intercepts)
     cmds = b.cmds
     nd_cmds, nd_sites = _guest_ingress(link, limits)
     return cmds + nd_cmds, {**b.sites, **nd_sites}
@@ -439,6 +457,23 @@ def _expose(b: _Builder, link: GuestLink, profile: Profile) -> None:
     ports = sorted({r.port for r in profile.expose})
     b.add("element", name="xpre", elem=[[p, {"jump": {"target": pre}}] for p in ports])
     b.add("element", name="xfwd", elem=[[str(link.guest), {"jump": {"target": fwd}}]])
+
+
+def intercept_elements(ifname: str, profile: Profile) -> list[Json]:
+    """``ifname . address . port`` for each host:port the guest may reach whose requests are
+    judged (policy: ``request_rules``): its plain HTTP is sent to the proxy's HTTP door."""
+    elems: list[Json] = []
+    for rule in profile.allow:
+        net = rule.spec.network
+        if not rule.spec.requests or net is None or net.version != 4:
+            continue
+        for port, _ in rule.spec.ports:  # single ports (the model refuses ranges here)
+            attempt = Attempt(Protocol.TCP, net.network_address, port)
+            if decide(profile, attempt).allowed and request_rules(profile, attempt):
+                elem: Json = {"concat": [ifname, str(net.network_address), port]}
+                if elem not in elems:
+                    elems.append(elem)
+    return elems
 
 
 def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[str, Site]]:
@@ -485,6 +520,10 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
         {"delete": {"element": {"family": "inet", "table": TABLE, "name": "fwd", "elem": [g]}}},
         {"delete": {"element": {"family": "inet", "table": TABLE, "name": "in", "elem": [g]}}},
     ]
+    intercepts = intercept_elements(g, profile)
+    if intercepts:
+        target = {"family": "inet", "table": TABLE, "name": "intercept4"}
+        cmds.append({"delete": {"element": {**target, "elem": intercepts}}})
     chains = {"inet": [f"fwd_{g}", f"in_{g}"], "netdev": [f"ing_{g}"]}
     if profile.expose:
         ports = sorted({r.port for r in profile.expose})

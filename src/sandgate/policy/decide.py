@@ -22,7 +22,13 @@ Order of judgement (first match wins):
     question (a name without address or port) may resolve through any allow rule for the name,
     whatever ports it names, and is refused only by a deny rule for every port and protocol;
  9. the profile's mode: open allows, locked denies, allowlist allows only addresses its
-    allowed names resolved to.
+    allowed names resolved to;
+10. a request (an attempt with a method and path, judged by the proxy) that steps 1-9 allow
+    to a destination that an allow rule with request rules (``http``) matches: allowed only if
+    one of the allow rules for that destination allows it (a rule without ``http`` allows every
+    request; the mode never does), else ``deny.request`` naming the rule. The same for a flow
+    whose process the proxy asked about (``by_process``) and a rule with ``process``: only
+    those executables, an unidentified process never, else ``deny.process``.
 """
 
 from __future__ import annotations
@@ -84,6 +90,12 @@ class Reason(enum.Enum):
     CNAME_LOOP = ("deny.cname_loop", "an alias chain that loops")
     HOST_LOOPBACK = ("allow.host_loopback", "a port of the host's own loopback (host_loopback)")
     EXPOSE = ("allow.expose", "an exposed port, from a client its expose rule names")
+    REQUEST = ("deny.request", "the rule for this destination does not allow this request")
+    PROCESS = ("deny.process", "the rule for this destination is for other programs")
+    APPROVED = ("allow.approved", "approved with sandgate approve")
+    NOT_APPROVED = ("deny.not_approved", "refused with sandgate approve --deny")
+    APPROVAL_TIMEOUT = ("deny.approval_timeout", "no answer from sandgate approve in time")
+    ASKED = ("deny.asked", "waiting for sandgate approve (refused unless approved)")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key
@@ -98,6 +110,13 @@ class Attempt:
     address: IPAddress | None = None
     port: int | None = None
     name: str | None = None  # normalised (lower-case ASCII, no trailing dot)
+    # An HTTP request the proxy read on this connection (None: the connection itself).
+    method: str | None = None
+    path: str | None = None  # as sent; the query is ignored and never shown
+    # The program behind the flow, where the enforcer can tell (the proxy): ``by_process`` says
+    # it asked; ``exe`` None then means the process could not be identified (no rule matches).
+    by_process: bool = False
+    exe: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +173,100 @@ GATEWAY_PROXY_PORTS = (3128, 15080, 15443)
 
 def decide(profile: Profile, attempt: Attempt) -> Decision:
     """The verdict on one attempt under one profile. Pure: no I/O, no clock, no state."""
+    d = _destination(profile, attempt)
+    if not d.allowed or d.reason in _BEFORE_RULES:
+        return d
+    if attempt.method is None and not attempt.by_process:
+        return d
+    return _request(profile, attempt, d)
+
+
+# Allowed before any rule is consulted: the gateway's own services (step 1) and fronts.
+_BEFORE_RULES = (Reason.GATEWAY_DNS, Reason.GATEWAY_PROXY, Reason.FRONT)
+
+
+def _request(profile: Profile, attempt: Attempt, d: Decision) -> Decision:
+    """Step 10: a request (or a flow whose process is known) to an allowed destination,
+    against that destination's rules: their ``http`` and ``process`` lists."""
+    matching = _matching_allow(profile, attempt)
+    restricting = [r for r in matching if _restricts(r, attempt)]
+    if len(restricting) < len(matching) or not restricting:
+        if d.rule is None or not _restricts(d.rule, attempt):
+            return d
+        # The first rule restricts, but another one for the destination does not.
+        return _allowed_by(d, next(r for r in matching if not _restricts(r, attempt)), "")
+    method, path = attempt.method or "", attempt.path or "/"
+    for rule in restricting:
+        entry = next((q for q in rule.spec.requests if q.matches(method, path)), None)
+        if attempt.method is not None and rule.spec.requests and entry is None:
+            continue
+        if attempt.by_process and rule.spec.process and attempt.exe not in rule.spec.process:
+            continue
+        return _allowed_by(d, rule, f": {entry}" if entry is not None else "")
+    by_request = [r for r in restricting if r.spec.requests and attempt.method is not None]
+    shown = path.split("?", 1)[0][:200]
+    if by_request and not any(
+        q.matches(method, path) for r in by_request for q in r.spec.requests
+    ):
+        only = "; ".join(
+            f"{r.ref} ({r.label}) allows only {', '.join(map(str, r.spec.requests))}"
+            for r in by_request
+        )
+        rule = by_request[0]
+        detail = f"{method} {shown}: {only}"
+        return deny(Reason.REQUEST, detail, rule, classification=d.classification)
+    by_process = [r for r in restricting if r.spec.process]
+    who = attempt.exe or "a process that could not be identified"
+    only = "; ".join(
+        f"{r.ref} ({r.label}) is for {', '.join(r.spec.process or ())}" for r in by_process
+    )
+    rule = by_process[0]
+    return deny(Reason.PROCESS, f"{who}: {only}", rule, classification=d.classification)
+
+
+def _restricts(rule: Rule, attempt: Attempt) -> bool:
+    """Does the rule narrow this attempt: by its requests (a request), or by its programs (a
+    flow whose process the enforcer asked about)?"""
+    return bool(
+        (rule.spec.requests and attempt.method is not None)
+        or (rule.spec.process and attempt.by_process)
+    )
+
+
+def request_rules(
+    profile: Profile, attempt: Attempt, matching: list[Rule] | None = None
+) -> tuple[Rule, ...]:
+    """The allow rules that judge requests to the attempt's destination; empty when none does
+    or when another allow rule for it allows every request. A connection carried raw (a CONNECT
+    tunnel, TLS passed through) to such a destination would hide its requests."""
+    if matching is None:
+        matching = _matching_allow(profile, attempt)
+    if any(not r.spec.requests for r in matching):
+        return ()
+    return tuple(matching)
+
+
+def _matching_allow(profile: Profile, attempt: Attempt) -> list[Rule]:
+    address = attempt.address
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return [r for r in profile.allow if _destination_matches(r, attempt, address)]
+
+
+def _allowed_by(d: Decision, rule: Rule, what: str) -> Decision:
+    detail = f"{rule.ref} ({rule.label}){what}"
+    return allow(d.reason, rule, detail, classification=d.classification)
+
+
+def _destination_matches(rule: Rule, attempt: Attempt, address: IPAddress | None) -> bool:
+    port, proto = attempt.port, attempt.protocol
+    if address is not None and rule.matches_address(address, port, proto):
+        return True
+    return attempt.name is not None and rule.matches_name(attempt.name, port, proto)
+
+
+def _destination(profile: Profile, attempt: Attempt) -> Decision:
+    """Steps 1-9: the verdict on the destination."""
     address = attempt.address
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         # An IPv4-mapped address on an IPv6 socket sends plain IPv4 packets to that address.
@@ -385,4 +498,5 @@ __all__ = [
     "decide_inbound",
     "decide_name",
     "deny",
+    "request_rules",
 ]

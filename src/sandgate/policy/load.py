@@ -12,7 +12,7 @@ import difflib
 import re
 import tomllib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from sandgate.policy.model import (
     SecretSpec,
     front_upstream,
 )
+from sandgate.policy.overlay import BUILTIN_NAME, EXTENDS, OverlayFile
 from sandgate.policy.profile import (
     Expose,
     Front,
@@ -62,6 +63,23 @@ class Policy:
     file: PolicyFile
     source: str  # the path, or BUILTIN
     positions: dict[tuple[str | int, ...], Position]
+    # An overlay (policy/overlay.py): each rule's file and position, and the policy it extends.
+    origins: dict[tuple[str | int, ...], tuple[str, Position | None]] = field(
+        default_factory=dict
+    )
+    extends: str | None = None
+
+    def check(self) -> None:
+        """Rules that repeat each other, are made dead by a deny rule, or name a guest."""
+        problems = []
+        for name, spec in self.file.profiles.items():
+            allow = rules_from_specs("allow", spec.allow, f"{name}.allow")
+            deny = rules_from_specs("deny", spec.deny, f"{name}.deny")
+            problems += check_rules(allow, deny, self._where)
+            problems += _pool_rules(allow, self.file.gateway.pool, self._where)
+        problems += _expose_problems(self.file, self.positions, self.source)
+        if problems:
+            raise PolicyError(problems)
 
     @property
     def builtin(self) -> bool:
@@ -99,6 +117,7 @@ class Policy:
         gateway_address: IPAddress | None = None,
         guest_pool: IPNetwork | None = None,
         host_addresses: tuple[IPAddress, ...] = (),
+        ask: bool = False,
     ) -> Profile:
         """The effective profile for one guest, with the run's overrides applied.
 
@@ -151,6 +170,7 @@ class Policy:
             tunnel_idle=spec.tunnels.idle_seconds,
             tunnel_max_seconds=spec.tunnels.max_seconds,
             tunnel_max_bytes=spec.tunnels.max_bytes,
+            ask=(ask or spec.ask) and (mode or spec.internet) is Mode.ALLOWLIST,
         )
         self._check_fronts(chosen, profile)
         return profile
@@ -177,6 +197,28 @@ class Policy:
                     pos = find(self.positions, ("profiles", name, "allow", i))
                     return PolicyError([_located(self.source, pos, message, fix)])
         return _one(self.source, message, fix)
+
+    def warnings(self, exists: Any = None) -> list[PolicyProblem]:
+        """What is valid but probably not meant: a process rule's executable that this machine
+        does not have (the sandbox sees this machine's system folders), e.g. a typo."""
+        import os
+
+        exists = exists or os.path.exists
+        found = []
+        for name, spec in self.file.profiles.items():
+            for i, rule in enumerate(spec.allow):
+                for exe in rule.process or ():
+                    if not exists(exe):
+                        found.append(
+                            _at(
+                                self._where(f"{name}.allow[{i}]"),
+                                f"{exe} does not exist here, so {name}.allow[{i}] matches no "
+                                "process",
+                                "check the path: `sandgate log` shows each flow's "
+                                "details.process.exe",
+                            )
+                        )
+        return found
 
     def gateway_problem(self, key: str, message: str, fix: str) -> PolicyError:
         """An error about a key of ``[gateway]``, located at that key (or the table)."""
@@ -210,6 +252,9 @@ class Policy:
         if match is None:
             return PolicyProblem(ref.split("[", maxsplit=1)[0], None, None, "")
         path = ("profiles", match[1], match[2], int(match[3]))
+        origin = self.origins.get(path)
+        if origin is not None:
+            return _located(origin[0], origin[1], "")
         pos = find(self.positions, path)
         return _located(self.source, pos, "")
 
@@ -261,21 +306,15 @@ def parse_policy(text: bytes, source: str) -> Policy:
     problems = list(_world_only_keys(raw, positions, source))
     if problems:
         raise PolicyError(problems)
+    if EXTENDS in raw:
+        return parse_overlay(raw, positions, source)
     try:
         file = PolicyFile.model_validate(raw)
     except ValidationError as exc:
         found = [_problem_from_pydantic(err, positions, source) for err in exc.errors()]
         raise PolicyError(sorted(found, key=_in_file_order)) from None
     policy = Policy(file, source, positions)
-    problems = []
-    for name, spec in file.profiles.items():
-        allow = rules_from_specs("allow", spec.allow, f"{name}.allow")
-        deny = rules_from_specs("deny", spec.deny, f"{name}.deny")
-        problems += check_rules(allow, deny, policy._where)
-        problems += _pool_rules(allow, file.gateway.pool, policy._where)
-    problems += _expose_problems(file, positions, source)
-    if problems:
-        raise PolicyError(problems)
+    policy.check()
     return policy
 
 
@@ -340,6 +379,15 @@ def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list
         )
         for rule in deny
         if rule.spec.host_loopback is not None
+    ] + [
+        _at(
+            where(rule.ref),
+            f"{rule} has request rules (http), which only an allow rule can have: a deny "
+            "rule refuses its destination whole",
+            "move the rule to allow with the requests it may make, or drop 'http'",
+        )
+        for rule in deny
+        if rule.spec.http is not None
     ]
     for rules in (allow, deny):
         # By key, not pairwise: a 100,000-rule policy is checked in linear time.
@@ -538,6 +586,8 @@ def _fix_for(loc: tuple[str | int, ...]) -> str | None:
         return 'e.g. { host_loopback = 11434, name = "ollama" } (Ollama on the host\'s 127.0.0.1)'
     if "expose" in keys:
         return 'e.g. expose = [{ guest = "orchestrator", port = 9119, from = "192.168.1.10" }]'
+    if keys & {"allow", "deny"} and "http" in keys:
+        return 'http = ["POST /v1/chat/completions", "GET /v1/*"]: METHOD /path, * ends a prefix'
     if keys & {"allow", "deny"}:
         return (
             'a rule is { host = "10.77.0.10", port = 8000 } or { cidr = ... } or { domain = ... }'
@@ -582,3 +632,75 @@ def _one(source: str, message: str, fix: str) -> PolicyError:
 
 def _at(stub: PolicyProblem, message: str, fix: str) -> PolicyProblem:
     return PolicyProblem(stub.file, stub.line, stub.column, message, fix)
+
+
+# -- overlays (policy/overlay.py): a file that adds rules to another policy ---------------
+
+
+def parse_overlay(raw: dict[str, Any], positions: dict[Any, Position], source: str) -> Policy:
+    """The policy an overlay file extends, with the overlay's rules added (a ``Policy``)."""
+    try:
+        overlay = OverlayFile.model_validate(raw)
+    except ValidationError as exc:
+        found = [_problem_from_pydantic(e, positions, source) for e in exc.errors()]
+        if any(e["loc"][:1] not in (("extends",), ("profiles",)) for e in exc.errors()):
+            found.append(
+                PolicyProblem(
+                    source,
+                    None,
+                    None,
+                    "an overlay (a file with 'extends') holds only extends and the allow "
+                    "and deny lists of profiles.NAME tables",
+                    "put modes, secrets and new profiles in the policy it extends",
+                )
+            )
+        raise PolicyError(sorted(found, key=_in_file_order)) from None
+    if overlay.extends == BUILTIN_NAME:
+        base = load_policy(None)
+    else:
+        target = Path(overlay.extends)
+        if not target.is_absolute() and source != BUILTIN_NAME:
+            target = Path(source).resolve().parent / target
+        if target.resolve() == Path(source).resolve():
+            pos = find(positions, (EXTENDS,))
+            raise PolicyError([_located(source, pos, "an overlay cannot extend itself", "")])
+        base = load_policy(target)
+    return apply_overlay(base, overlay, positions, source)
+
+
+def apply_overlay(
+    base: Policy, overlay: OverlayFile, positions: dict[Any, Position], source: str
+) -> Policy:
+    """``base`` (a ``Policy``) with the overlay's rules appended to its profiles."""
+    problems: list[PolicyProblem] = []
+    profiles = dict(base.file.profiles)
+    origins: dict[tuple[str | int, ...], tuple[str, Position | None]] = dict(base.origins)
+    for name, extra in overlay.profiles.items():
+        spec = profiles.get(name)
+        if spec is None:
+            problems.append(
+                _located(
+                    source,
+                    find(positions, ("profiles", name)),
+                    f"{base.source} has no profile {name!r} to add rules to",
+                    f"choose one of {', '.join(sorted(profiles))}",
+                )
+            )
+            continue
+        for action in ("allow", "deny"):
+            mine: list[RuleSpec] = getattr(spec, action)
+            for i in range(len(mine)):
+                key = ("profiles", name, action, i)
+                origins.setdefault(key, (base.source, find(base.positions, key)))
+            for j in range(len(getattr(extra, action))):
+                at = ("profiles", name, action, j)
+                origins[("profiles", name, action, len(mine) + j)] = (source, find(positions, at))
+        profiles[name] = spec.model_copy(
+            update={"allow": spec.allow + extra.allow, "deny": spec.deny + extra.deny}
+        )
+    if problems:
+        raise PolicyError(problems)
+    file = base.file.model_copy(update={"profiles": profiles})
+    merged = Policy(file, source, base.positions, origins, base.source)
+    merged.check()
+    return merged

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
+from sandgate.policy.httprules import RequestRule, RequestRuleError, parse_request_rule
 from sandgate.policy.limits import LimitsSpec
 from sandgate.policy.patterns import DomainPattern, PatternError, parse_pattern
 
@@ -66,6 +67,12 @@ class RuleSpec(_Strict):
     )
     protocol: Literal["tcp", "udp", "icmp", "any"] | None = None
     name: str | None = Field(default=None, description="a label shown in logs")
+    http: list[str] | None = Field(
+        default=None, description='request rules: "METHOD /path" ("/prefix/*"), allow only'
+    )
+    process: list[str] | None = Field(
+        default=None, description="only these executables (absolute paths), allow only"
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> RuleSpec:
@@ -86,7 +93,16 @@ class RuleSpec(_Strict):
             raise ValueError("host_loopback forwards TCP only; drop 'protocol'")
         if self.ports and self.protocols == frozenset({Protocol.ICMP}):
             raise ValueError("ICMP has no ports; drop 'port' or choose protocol tcp or udp")
+        if self.http is not None:
+            _check_request_scope(self)
+        if self.process is not None:
+            _check_process_scope(self)
         return self
+
+    @cached_property
+    def requests(self) -> tuple[RequestRule, ...]:
+        """The request rules; empty means the rule does not look at requests."""
+        return tuple(parse_request_rule(t) for t in self.http or ())
 
     @cached_property
     def network(self) -> IPNetwork | None:
@@ -105,9 +121,12 @@ class RuleSpec(_Strict):
 
     @cached_property
     def ports(self) -> tuple[tuple[int, int], ...]:
-        """Inclusive port ranges; empty means every port."""
+        """Inclusive port ranges; empty means every port. A request rule without a port is
+        for the ports its requests are judged on: 80 and 443 for a name, 80 for a host."""
         if self.host_loopback is not None:
             return ((self.host_loopback, self.host_loopback),)
+        if (self.http is not None or self.process is not None) and self.port is None:
+            return ((80, 80),) if self.host is not None else ((80, 80), (443, 443))
         return _port_ranges(self.port)
 
     @cached_property
@@ -157,6 +176,37 @@ class RuleSpec(_Strict):
             )
         return v
 
+    @field_validator("http")
+    @classmethod
+    def _check_http(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError(
+                "an empty http list would refuse every request; drop 'http' to allow them all"
+            )
+        for item in v:
+            try:
+                parse_request_rule(item)
+            except RequestRuleError as exc:
+                raise ValueError(str(exc)) from exc
+        return v
+
+    @field_validator("process")
+    @classmethod
+    def _check_process(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("an empty process list would match nothing; drop 'process'")
+        for item in v:
+            if not item.startswith("/") or "/../" in item or item.endswith("/"):
+                raise ValueError(
+                    f"{item!r} is not an absolute path to an executable; write it as the "
+                    "kernel names it, e.g. /usr/bin/git (see `sandgate log` details.process.exe)"
+                )
+        return v
+
     @field_validator("port", mode="before")
     @classmethod
     def _check_port(cls, v: object) -> object:
@@ -192,6 +242,53 @@ class RuleSpec(_Strict):
         ):
             text += "/" + "+".join(sorted(p.value for p in self.protocols))
         return text
+
+
+def _check_request_scope(spec: RuleSpec) -> None:
+    """Where request rules can be enforced: HTTP over TCP, on a port the proxy judges."""
+    if spec.protocol is not None and spec.protocol != "tcp":
+        raise ValueError(
+            f"request rules (http) are for HTTP over TCP, but this rule is protocol "
+            f"{spec.protocol!r}; drop 'protocol' or put the {spec.protocol} part in a rule "
+            "of its own"
+        )
+    if spec.cidr is not None:
+        raise ValueError(
+            "request rules (http) name one host or a domain, not a network; write "
+            'host = "ADDRESS" with a port'
+        )
+    ports = _port_ranges(spec.port)
+    if any(low != high for low, high in ports):
+        raise ValueError("a request rule's ports are given one by one, not as a range")
+    numbers = {low for low, _ in ports}
+    if spec.domain is not None and not numbers <= {80, 443}:
+        raise ValueError(
+            "a request rule on a domain is judged on HTTP (80) and HTTPS (443) only; for "
+            "another port name the server by host (its plain HTTP is then intercepted)"
+        )
+    if spec.host is not None and 443 in numbers:
+        raise ValueError(
+            "a request rule on a host judges plain HTTP only (HTTPS to a bare address cannot "
+            "be inspected); name the server by domain for HTTPS"
+        )
+
+
+def _check_process_scope(spec: RuleSpec) -> None:
+    """Process rules are matched by the proxy, which knows each flow's process: HTTP and
+    HTTPS by name (the kernel sends those names' flows to it)."""
+    if spec.domain is None:
+        raise ValueError(
+            "a process rule names a domain (its HTTP and HTTPS go through the proxy, which "
+            "knows the process); by address the kernel passes flows it cannot attribute"
+        )
+    if spec.protocol is not None and spec.protocol != "tcp":
+        raise ValueError(f"a process rule is for TCP (HTTP, HTTPS), not {spec.protocol!r}")
+    ports = {low for low, _ in _port_ranges(spec.port)}
+    if not ports <= {80, 443} or any(lo != hi for lo, hi in _port_ranges(spec.port)):
+        raise ValueError(
+            "a process rule is matched on HTTP (80) and HTTPS (443) only; for git over ssh "
+            "use its https:// URL"
+        )
 
 
 def _host_network(text: str) -> IPNetwork:
@@ -341,6 +438,24 @@ class ProfileSpec(_Strict):
     secret: list[SecretSpec] = Field(default_factory=list)
     front: list[FrontSpec] = Field(default_factory=list)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)  # per-session pids/memory/cpus
+    ask: bool = Field(
+        default=False,
+        description='internet = "ask": allowlist, and a new name waits for `sandgate approve`',
+    )
+    noexec: bool = Field(
+        default=True,
+        description="no program runs from where the agent writes (/work, /tmp, home); "
+        "false opts out",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ask_mode(cls, data: object) -> object:
+        # internet = "ask" is the allowlist mode with approvals (issue 14): decide() and the
+        # kernel see an allowlist; the gateway asks before it refuses a new name.
+        if isinstance(data, dict) and data.get("internet") == "ask":
+            return {**data, "internet": "allowlist", "ask": True}
+        return data
 
     @field_validator("inspect")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from sandgate.policy.model import (
@@ -99,12 +100,43 @@ class Profile:
     tunnel_idle: float = 300.0
     tunnel_max_seconds: float = 86400.0
     tunnel_max_bytes: int | None = None
+    ask: bool = False  # a name the allowlist refuses waits for an answer (gateway/approvals.py)
+
+    @cached_property
+    def has_process_rules(self) -> bool:
+        return any(r.spec.process is not None for r in self.allow)
 
     def rules(self) -> tuple[Rule, ...]:
         return self.deny + self.allow
 
     def inspects(self, name: str) -> bool:
-        return any(p.matches(name) for p in self.inspect)
+        if any(p.matches(name) for p in self.inspect):
+            return True
+        return self.forced_inspection(name) is not None
+
+    def proxied(self, name: str) -> bool:
+        """Must the guest's HTTPS to ``name`` go through the proxy? When it is inspected, and
+        when an allow rule for it is for some programs only (``process``): the proxy is where
+        a flow's process is known (the TLS is passed through unless inspected)."""
+        if self.inspects(name):
+            return True
+        return any(
+            r.spec.process is not None and r.matches_name(name, 443, Protocol.TCP)
+            for r in self.allow
+        )
+
+    def forced_inspection(self, name: str) -> Rule | None:
+        """An allow rule whose request rules (``http``) judge HTTPS to ``name``: its requests
+        can be read only if TLS ends here, so the name is inspected whatever ``inspect`` says
+        (chosen over refusing such a rule at load; ``explain`` says so)."""
+        return next(
+            (
+                r
+                for r in self.allow
+                if r.spec.http is not None and r.matches_name(name, 443, Protocol.TCP)
+            ),
+            None,
+        )
 
     def host_loopback(self) -> tuple[Rule, ...]:
         """Allow rules that forward a port of the host's own loopback (host_loopback)."""

@@ -11,7 +11,9 @@ the TLS gate and ``explain`` ask ``policy/`` instead of keeping their own arithm
 - ``tls_mode(profile, name)``: an allowed TLS flow is inspected (terminated here, credentials
   swapped) or passed through raw;
 - ``judge_answers(profile, name, port, answers)``: a name is allowed only if every address it
-  resolved to is (rebinding), and the address to dial is one that was judged.
+  resolved to is (rebinding), and the address to dial is one that was judged;
+- ``raw_relay(profile, decision, name, address, port)``: a tunnel relayed raw may not carry
+  requests that request rules would judge.
 
 Pure: no sockets, no resolver (answers are handed in).
 """
@@ -22,11 +24,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny
+from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny, request_rules
 from sandgate.policy.model import IPAddress, Protocol
 from sandgate.policy.profile import Profile
 
-__all__ = ["Answers", "TlsMode", "judge_answers", "names_agree", "placeholder_sent", "tls_mode"]
+__all__ = [
+    "Answers",
+    "TlsMode",
+    "judge_answers",
+    "names_agree",
+    "placeholder_sent",
+    "raw_relay",
+    "tls_mode",
+]
 
 TlsMode = Literal["inspect", "passthrough"]
 
@@ -69,7 +79,32 @@ def gate_verdict(profile: Profile, decision: Decision, sni: str | None) -> Decis
             f"{sni} is inspected, but this address did not come from the gateway's resolver; "
             "connect by name",
         )
+    if decision.allowed and sni is not None and profile.proxied(sni):
+        return deny(
+            Reason.PROTOCOL,
+            f"{sni} is allowed for some programs only, which the proxy tells apart, but this "
+            "address did not come from the gateway's resolver; connect by name",
+        )
     return decision
+
+
+def raw_relay(
+    profile: Profile, decision: Decision, name: str | None, address: IPAddress | None, port: int
+) -> Decision:
+    """A connection the proxy would relay raw (a CONNECT tunnel, TLS passed through): refused
+    where the destination's allow rules judge requests, which a raw relay would hide."""
+    if not decision.allowed:
+        return decision
+    judging = request_rules(profile, Attempt(Protocol.TCP, address, port, name))
+    if not judging:
+        return decision
+    rule = judging[0]
+    return deny(
+        Reason.REQUEST,
+        f"{rule} judges each request to {name or address}:{port}, which a raw tunnel would "
+        "hide; send plain HTTP (no CONNECT) or HTTPS by name",
+        rule,
+    )
 
 
 @dataclass(frozen=True)
@@ -88,11 +123,19 @@ def judge_answers(
     port: int | None,
     answers: Sequence[IPAddress],
     protocol: Protocol = Protocol.TCP,
+    request: tuple[str, str] | None = None,
+    process: tuple[str | None] | None = None,
 ) -> Answers:
-    """Every answer judged with the name; one refused refuses the name (rebinding)."""
+    """Every answer judged with the name (and the request, if one is given: method, path;
+    and the process: (exe,), exe None if unidentified); one refused refuses the name."""
     if not answers:
         return Answers(deny(Reason.UNRESOLVABLE, f"{name} does not resolve"), None)
-    each = tuple((a, decide(profile, Attempt(protocol, a, port, name))) for a in answers)
+    method, path = request or (None, None)
+    by, exe = (process is not None), (process[0] if process is not None else None)
+    each = tuple(
+        (a, decide(profile, Attempt(protocol, a, port, name, method, path, by, exe)))
+        for a in answers
+    )
     refused = next((d for _, d in each if not d.allowed), None)
     if refused is not None:
         return Answers(refused, None, each)

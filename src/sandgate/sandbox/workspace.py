@@ -47,7 +47,7 @@ SESSIONS_ROOT = Path(os.environ.get("SANDGATE_SESSIONS", "/var/tmp/sandgate"))
 SCRATCH = {"tmp": "/tmp", "vartmp": "/var/tmp", "shm": "/dev/shm", "run": "/run"}
 AREAS = {"home": "/home/agent", **SCRATCH}
 
-MS_NOSUID, MS_NODEV = 2, 4
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 2, 4, 8, 32, 4096
 MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -110,6 +110,23 @@ def mount_tmpfs(target: Path, size: int) -> None:
         raise SandboxError(f"cannot mount the session's tmpfs on {target}: {os.strerror(err)}")
 
 
+def bind_noexec(target: Path) -> None:
+    """``target`` (a folder of the session's disk) as a noexec mount of its own (issue 14):
+    nothing the agent writes there runs as a program or maps as a library. bwrap's bind of it
+    keeps the flag (a bind mount has its source mount's flags). The disk's other folders
+    (the runner's read-only files, e.g. the privilege stubs) keep exec; unmounting the disk
+    (MNT_DETACH) takes these with it."""
+    path = str(target).encode()
+    if _libc.mount(path, path, None, MS_BIND, None) != 0 or (
+        _libc.mount(
+            None, path, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | MS_NOEXEC, None
+        )
+        != 0
+    ):
+        err = ctypes.get_errno()
+        raise SandboxError(f"cannot make {target} noexec: {os.strerror(err)}")
+
+
 def unmount(target: Path) -> None:
     _libc.umount2(str(target).encode(), MNT_DETACH)
 
@@ -166,6 +183,15 @@ class Workspace:
                     "raise --disk or copy less in",
                 ) from exc
             raise
+
+    def noexec(self) -> None:
+        """No program or library from anywhere the agent can write (a given --workdir keeps
+        its own mount's flags: it is not on the session's disk)."""
+        if not self.mounted:
+            return
+        own = [self.workdir] if self.own_workdir else []
+        for folder in (*own, self.home, *self.scratch().values()):
+            bind_noexec(folder)
 
     def _populate(self, workdir: Path | None) -> None:
         (self.dir / "etc").mkdir(mode=0o755)

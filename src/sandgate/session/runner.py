@@ -80,6 +80,7 @@ class RunOptions:
     # --pids/--memory/--cpus; unset ones come from the profile's [limits], then the defaults.
     limits: Limits = field(default_factory=Limits)
     vm: VmOptions | None = None  # --vm: the command runs in a QEMU guest on the same link
+    ask: bool = False  # --ask: a name the allowlist refuses waits for `sandgate approve`
 
 
 @dataclass
@@ -152,6 +153,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space)
         cleanup.own(box.netns)
         guest = _add_guest(stack, box, sid, opts, uid)
+        _noexec(stack, box, guest, opts)
         spec = _spec(stack, box, guest, opts, uid)
         cgroup = _cgroup(stack, sid, guest, opts)
         start_details["limits"] = cgroup.as_json()
@@ -391,6 +393,14 @@ def _policy_of(stack: Stack, opts: RunOptions) -> str | None:
     return str(Path(policy).resolve()) if policy is not None else None
 
 
+def _noexec(stack: Stack, box: Sandbox, guest: dict[str, Any], opts: RunOptions) -> None:
+    """Writable places are noexec unless the profile opts out (issue 14: a process identity
+    is worth little if the agent can write its own executable, or preload a library)."""
+    profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
+    if (profile is None or profile.noexec) and box.space is not None:
+        box.space.noexec()
+
+
 def _cgroup(stack: Stack, sid: str, guest: dict[str, Any], opts: RunOptions) -> limits.Cgroup:
     """The session's cgroup: the run's limits over the profile's, over the defaults."""
     profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
@@ -468,6 +478,7 @@ def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int)
             allow=list(opts.allow),
             deny=list(opts.deny),
             uid=uid,
+            **({"ask": True} if opts.ask else {}),
         )
     return guest
 

@@ -115,6 +115,9 @@ Reply = Callable[[bytes | None], None]  # the answer for the guest; None: no ans
 
 
 class Resolver:
+    # internet = "ask" (gateway/approvals.py): (guest, name, judge again) -> True if it waits
+    asks: Callable[[GuestDNS, str, Callable[[], None]], bool] | None = None
+
     def __init__(self, upstreams: list[str], emit: Emit, pin: Pin) -> None:
         self.upstream = Upstream(upstreams)
         self._emit = emit
@@ -225,6 +228,13 @@ class Resolver:
             reply(exc.reply)
             return
         decision = dnsnames.judge_question(guest.profile, q.name, q.qtype)
+        if (
+            decision.reason is Reason.NOT_ALLOWLISTED
+            and guest.profile.ask
+            and self.asks is not None
+            and self.asks(guest, q.name, lambda: self.resolve(guest, wire, client, proto, reply))
+        ):
+            return  # waits for `sandgate approve`; judged again when answered (issue 14)
         if self.forward_everything:  # a fault injected by a test: the resolver gone rogue
             decision = allow(Reason.OPEN, detail="fault: forwarding everything")
         entry = self._local(guest, q, decision)
@@ -342,7 +352,7 @@ class Resolver:
             )
         ttl = max(0, min(ans.ttl, TTL_CAP))
         pins = pin_rules(profile, q.name)
-        inspect = profile.inspects(q.name)
+        inspect = profile.proxied(q.name)  # inspected, or judged by process (issue 14)
         return _entry(
             ans.wire,
             time.monotonic() + ttl,

@@ -21,6 +21,7 @@ import contextlib
 import os
 import select
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,34 @@ HOLD_QUEUE = 0  # queue numbers are per namespace: every guest can use the same 
 COPY = 128  # headers are enough: addresses and ports
 
 Report = Callable[[FlowKey, "int | None", "dict[str, Any] | None"], None]
+
+
+class ProcessTable:
+    """Flow → the executable its hold found, for the proxy's process rules (issue 14).
+
+    The hold reports a flow before it lets its first packet go, so by the time the proxy
+    accepts the connection its entry is here; ``exe`` still waits a little for it (a report
+    goes through a thread) and says None for a flow no hold identified. Bounded and
+    thread-safe: the hold threads write, the proxy's threads read."""
+
+    def __init__(self, size: int = 16384) -> None:
+        self._size = size
+        self._exes: OrderedDict[FlowKey, str | None] = OrderedDict()
+        self._cond = threading.Condition()
+
+    def put(self, key: FlowKey, process: dict[str, Any] | None) -> None:
+        exe = process.get("exe") if process is not None else None
+        with self._cond:
+            self._exes[key] = exe if isinstance(exe, str) else None
+            self._exes.move_to_end(key)
+            while len(self._exes) > self._size:
+                self._exes.popitem(last=False)
+            self._cond.notify_all()
+
+    def exe(self, key: FlowKey, wait: float = 0.5) -> str | None:
+        with self._cond:
+            self._cond.wait_for(lambda: key in self._exes, timeout=wait)
+            return self._exes.get(key)
 
 
 class ProcessHold:

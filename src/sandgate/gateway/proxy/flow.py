@@ -31,6 +31,20 @@ class ProxyGuest:
     session: str | None
     profile: Profile
     secrets: tuple[Secret, ...] = ()
+    # The executable behind a flow, as the guest's process hold found it (None: unknown).
+    identify: Callable[[FlowKey], str | None] | None = None
+    # internet = "ask": wait (blocking, bounded) for an answer on a name (gateway/approvals.py)
+    ask: Callable[[str], None] | None = None
+
+    def who(self, key: FlowKey) -> Process:
+        """What process rules are judged with: whether to ask, and the executable."""
+        if not self.profile.has_process_rules:
+            return None
+        return (self.identify(key) if self.identify is not None else None,)
+
+
+# None: the profile has no process rules (do not ask); (exe,): asked, exe None if unidentified.
+Process = tuple[str | None] | None
 
 
 @dataclass(frozen=True)
@@ -46,22 +60,28 @@ def judge(
     address: ipaddress.IPv4Address | None,
     port: int,
     resolve: Resolve,
+    request: tuple[str, str] | None = None,
+    process: Process = None,
 ) -> Judged:
-    """The verdict on connecting to ``name`` (resolved here) or to ``address``, on ``port``."""
+    """The verdict on connecting to ``name`` (resolved here) or to ``address``, on ``port``;
+    with ``request`` (method, path as sent), on that HTTP request to it; with ``process``
+    (``ProxyGuest.who``), for that executable."""
+    method, path = request or (None, None)
+    by, exe = (process is not None), (process[0] if process is not None else None)
     if name is None:
         if address is None:
             return Judged(deny(Reason.UNPARSEABLE, "no name and no address"), None)
-        d = decide(profile, Attempt(Protocol.TCP, address, port))
+        d = decide(profile, Attempt(Protocol.TCP, address, port, None, method, path, by, exe))
         return Judged(d, address if d.allowed else None, (str(address),))
     literal = _literal(name)
     if literal is not None:
-        d = decide(profile, Attempt(Protocol.TCP, literal, port))
+        d = decide(profile, Attempt(Protocol.TCP, literal, port, None, method, path, by, exe))
         return Judged(d, literal if d.allowed else None, (str(literal),))
-    first = decide(profile, Attempt(Protocol.TCP, None, port, name))
+    first = decide(profile, Attempt(Protocol.TCP, None, port, name, method, path, by, exe))
     if not first.allowed:
         return Judged(first, None)
     answers = resolve(name)
-    judged = judge_answers(profile, name, port, answers)
+    judged = judge_answers(profile, name, port, answers, request=request, process=process)
     dial = judged.address if isinstance(judged.address, ipaddress.IPv4Address) else None
     return Judged(judged.decision, dial, tuple(str(a) for a in answers))
 

@@ -33,7 +33,7 @@ from sandgate.gateway.proxy.credentials import (
     rewrite_headers,
     same_lengths,
 )
-from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
+from sandgate.gateway.proxy.flow import Emit, Judged, ProxyGuest, Record, Resolve, judge
 from sandgate.policy.decide import Attempt, Reason, decide, deny
 from sandgate.policy.model import Protocol
 from sandgate.policy.requests import names_agree, placeholder_sent
@@ -198,14 +198,25 @@ def _one_request(
         _answer(client, 400, "a Host header is required", rec, ctx)
         return False, upstream
     dial_tls = ctx.tls_name
+    # The request as sent (path and query) for request rules; logs get the redacted rec.path.
+    request = (rec.method, target.path_raw.decode("latin-1") or "/")
+    who = ctx.guest.who(rec.flow_key())  # for process rules (issue 14)
     if ctx.front is not None:
         # A fronted plain-HTTP service: TLS ends here, the service is dialled as the policy allows.
         port, dial_tls = ctx.front[1], None
         rec.port = port
         address = ipaddress.IPv4Address(ctx.front[0])
-        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve)
+        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
+    elif _intercepted(ctx):
+        # A host:port whose requests are judged (net/compile.py's intercept4): the request goes
+        # where the guest sent it, judged by that address; the Host header does not steer it.
+        address, port = ipaddress.IPv4Address(ctx.original_dst[0]), ctx.original_dst[1]
+        rec.port = port
+        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
     else:
-        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
+        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
+        if _asked(ctx, host, judged):
+            judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(
@@ -384,6 +395,23 @@ def _exchange(
             return False
 
 
+def _asked(ctx: Ctx, host: str | None, judged: Judged) -> bool:
+    """internet = "ask": a name the allowlist refuses waits for `sandgate approve` (bounded);
+    True when it was asked (judge again: the guest's profile may have gained its rule)."""
+    guest = ctx.guest
+    if guest.ask is None or not guest.profile.ask or host is None:
+        return False
+    if judged.decision.reason is not Reason.NOT_ALLOWLISTED:
+        return False
+    guest.ask(host)
+    return True
+
+
+def _intercepted(ctx: Ctx) -> bool:
+    """Plain HTTP the kernel sent here from a port other than 80: an intercepted host:port."""
+    return ctx.door == "transparent" and ctx.tls_name is None and ctx.original_dst[1] != 80
+
+
 def _chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     # judge_request let through only "Transfer-Encoding: chunked", once.
     return any(n.lower() == b"transfer-encoding" for n, _ in headers)
@@ -449,7 +477,10 @@ def _connect(client: _Peer, host: str | None, port: int | None, rec: Record, ctx
         leftover, _ = client.h.trailing_data
         ctx.on_connect(client.sock, rec, bytes(leftover))
         return
-    judged = judge(ctx.guest.profile, host, None, port, ctx.resolve)
+    who = ctx.guest.who(rec.flow_key())
+    judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, process=who)
+    if _asked(ctx, host, judged):
+        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, process=who)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(

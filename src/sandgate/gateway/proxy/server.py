@@ -32,7 +32,7 @@ from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
 from sandgate.gateway.proxy.tls import Leaves, upstream_context
 from sandgate.net.compile import PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT
 from sandgate.policy.decide import Reason, deny
-from sandgate.policy.requests import names_agree, tls_mode
+from sandgate.policy.requests import names_agree, raw_relay, tls_mode
 
 EXPLICIT_PORT, HTTP_PORT, TLS_PORT = PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT
 SO_ORIGINAL_DST = 80
@@ -236,7 +236,12 @@ class Proxy:
         target_name = hello.sni or name
         assert rec.port is not None
         judged = judge(
-            guest.profile, target_name, None if target_name else address, rec.port, self.resolve
+            guest.profile,
+            target_name,
+            None if target_name else address,
+            rec.port,
+            self.resolve,
+            process=guest.who(rec.flow_key()),
         )
         rec.host = target_name
         rec.decision = judged.decision
@@ -285,6 +290,12 @@ class Proxy:
 
     def _raw(self, conn: socket.socket, rec: Record, early: bytes) -> None:
         assert rec.address is not None and rec.port is not None
+        if rec.decision is not None:
+            address = ipaddress.IPv4Address(rec.address)
+            rec.decision = raw_relay(rec.guest.profile, rec.decision, rec.host, address, rec.port)
+            if not rec.decision.allowed:
+                self._refuse(conn, rec)
+                return
         try:
             upstream = socket.create_connection((rec.address, rec.port), timeout=DIAL_TIMEOUT)
         except OSError as exc:
