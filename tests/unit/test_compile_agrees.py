@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from sandgate.net.compile import PROXY_PORTS, GuestLink, Site, base_ruleset, guest_add
 from sandgate.policy.classify import BLOCKS
-from sandgate.policy.decide import Attempt, Decision, decide
+from sandgate.policy.decide import Attempt, Decision, at_address, decide
 from sandgate.policy.load import parse_policy
 from sandgate.policy.model import IPNetwork, Mode, Protocol, RuleSpec
 from sandgate.policy.profile import Profile, Rule
@@ -83,6 +83,10 @@ class Compiled:
             f"{verdict.kind} at {site.reason if site else verdict.site} "
             f"({site.rule if site else None})"
         )
+        if site is not None and site.group is not None:
+            # A grouped site (policy/groups.py): its log line names decide()'s rule.
+            named = at_address(site.decision, pkt.daddr, site.group)
+            assert (named.key, named.rule_ref) == (d.key, d.rule_ref), (pkt, named, d)
 
 
 def with_gateway(profile: Profile) -> Profile:
@@ -208,6 +212,9 @@ def site_says(compiled: Compiled, pkt: Packet) -> tuple[str, str | None]:
             return "allow.gateway_dns", None
         assert pkt.proto == "tcp" and pkt.dport in PROXY_PORTS, (pkt, verdict)
         return "allow.gateway_proxy", None
+    if site.group is not None:  # what the log reader makes of a grouped site's line
+        named = at_address(site.decision, pkt.daddr, site.group)
+        return named.key, named.rule_ref
     return site.reason, site.rule
 
 
@@ -516,3 +523,34 @@ def test_addresses_cover_every_block_edge() -> None:
     for block in BLOCK_NETS:
         assert block.network_address in got and block.broadcast_address in got
     assert ipaddress.ip_address("10.77.0.10") in got
+
+
+def test_grouped_address_rules_keep_decides_rule_and_order() -> None:
+    """Many address rules share interval sets and a site per scope (issue 11 part 4); the rules
+    that overlap others keep their own sites in order, and every log line names decide()'s rule."""
+    allow = [f'{{ cidr = "11.1.{i}.0/24", port = 443 }}' for i in range(20)]
+    allow += [f'{{ cidr = "11.2.{i}.0/24", port = 80 }}' for i in range(20)]
+    # Overlapping: an earlier rule must stay first (11.1.0-3 on 443), and 11.2.5.0/24 on 80.
+    allow += ['{ cidr = "11.1.0.0/22", port = "440-450" }', '{ host = "11.2.5.9" }']
+    # Special blocks (kept alone) and a scope that overlaps no group (port 25).
+    allow += ['{ cidr = "10.77.0.0/24", port = 8000 }', '{ cidr = "0.0.0.0/0", port = 25 }']
+    deny = [f'{{ cidr = "11.3.{i}.0/24", port = 443 }}' for i in range(10)]
+    deny += ['{ cidr = "11.3.0.0/23" }', '{ cidr = "11.3.0.0/16", protocol = "udp" }']
+    deny += ['{ host = "11.1.7.7" }']
+    text = (
+        '[gateway]\nguest_pool = "10.201.0.0/16"\n[profiles.big]\ninternet = "allowlist"\n'
+        f"allow = [{', '.join(allow)}]\ndeny = [{', '.join(deny)}]\n"
+    )
+    profile = with_gateway(parse_policy(text.encode(), "big.toml").profile("big"))
+    compiled = Compiled.of(profile)
+    grouped = [s for s in compiled.sites.values() if s.group is not None]
+    assert sorted(len(s.group.rules) for s in grouped if s.group) == [8, 16, 19], grouped
+    addresses = ["11.1.3.4", "11.1.0.9", "11.1.7.7", "11.2.5.9", "11.2.5.10", "11.2.19.1"]
+    addresses += ["11.3.2.1", "11.3.9.255", "11.3.0.1", "10.77.0.5", "8.8.8.8", "11.1.19.1"]
+    ports = [("tcp", 443), ("tcp", 445), ("tcp", 80), ("tcp", 8000), ("udp", 443), ("tcp", 25)]
+    for address in addresses:
+        for proto, port in ports:
+            pkt = Packet(IPv4Address(address), proto, port)
+            compiled.check(pkt)
+            d = compiled.decide(pkt)
+            assert site_says(compiled, pkt) == (d.reason.key, d.rule_ref), pkt

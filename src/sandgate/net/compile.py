@@ -39,6 +39,7 @@ from sandgate.policy.decide import (
     request_rules,
 )
 from sandgate.policy.exemptions import inner_special, is_exemption, special4
+from sandgate.policy.groups import RuleGroup, group_address_rules
 from sandgate.policy.model import IPNetwork, Mode, Protocol
 from sandgate.policy.pins import PinRule, pinned_rules
 from sandgate.policy.profile import Profile, Rule
@@ -74,6 +75,10 @@ class Site:
     guest: str | None  # guest link name, None for gateway-wide sites
     decision: Decision  # deny.special is told its address by the reader (at_address)
     counter: str = ""
+    # A site for a group of address rules (policy/groups.py): the reader names the group's
+    # rule for the packet's address (at_address); ``group_set`` is its interval set.
+    group: RuleGroup | None = None
+    group_set: str = ""
 
     @property
     def verdict(self) -> str:
@@ -133,6 +138,7 @@ class _Builder:
     # Sites made so far per guest: the next one's number (kept, not counted, so a profile of
     # 100,000 rules compiles in linear time).
     per_guest: dict[str | None, int] = field(default_factory=dict)
+    _groups: int = 0  # interval sets of grouped rules made so far
 
     def _number(self, guest: str | None) -> int:
         n = self.per_guest.get(guest, 0)
@@ -146,7 +152,14 @@ class _Builder:
         self.add("rule", chain=chain, expr=list(expr))
 
     def site(
-        self, chain_prefix: str, guest: str | None, decision: Decision, *, log: bool = True
+        self,
+        chain_prefix: str,
+        guest: str | None,
+        decision: Decision,
+        *,
+        log: bool = True,
+        group: RuleGroup | None = None,
+        group_set: str = "",
     ) -> Json:
         """Make a verdict chain; return the ``jump`` statement that leads to it."""
         n = self._number(guest)
@@ -173,8 +186,19 @@ class _Builder:
                     name, _match(_ct_mark_bit(), 0), _set_ct_mark_bit(), _log(prefix, GROUP_ACCEPT)
                 )
             self.rule(name, {"accept": None})
-        self.sites[prefix] = Site(prefix, guest, decision, counter)
+        self.sites[prefix] = Site(prefix, guest, decision, counter, group, group_set)
         return {"jump": {"target": name}}
+
+    def grouped(self, chain: str, guest: str, group: RuleGroup, decision: Decision) -> None:
+        """One interval set of the group's networks, one rule, one verdict site."""
+        name = f"r{self._groups}_{guest}"
+        self._groups += 1
+        elems = [_prefix(r.spec.network) for r in group.rules if r.spec.network is not None]
+        self.add("set", name=name, type="ipv4_addr", flags=["interval"], elem=elems)
+        site = self.site(chain, guest, decision, group=group, group_set=name)
+        self.rule(
+            chain, _match(_payload("ip", "daddr"), "@" + name), *_scope_match(group.rules[0]), site
+        )
 
     def mark(self, guest: str | None, decision: Decision) -> list[Json]:
         """A logging site inside another rule (no verdict of its own): counter, limit, log."""
@@ -340,9 +364,15 @@ def guest_add(
     for pin in pins:
         b.add("set", name=pin_set(g, pin.tag), type="ipv4_addr", flags=["timeout"])
 
-    for rule in profile.deny:
-        if rule.spec.network is not None and rule.spec.network.version == 4:
-            b.rule(fwd, *_rule_match(rule), b.site(fwd, g, deny(Reason.RULE_DENY, rule=rule)))
+    # Address rules: a site each where they overlap another rule, else one interval set and
+    # one site per scope (policy/groups.py); either way the log names decide()'s rule.
+    denies, deny_groups = group_address_rules(
+        [r for r in profile.deny if r.spec.network is not None and r.spec.network.version == 4]
+    )
+    for rule in denies:
+        b.rule(fwd, *_rule_match(rule), b.site(fwd, g, deny(Reason.RULE_DENY, rule=rule)))
+    for group in deny_groups:
+        b.grouped(fwd, g, group, deny(Reason.RULE_DENY))
     b.rule(
         fwd,
         _match(_payload("ip", "daddr"), _prefix(profile.guest_pool)),
@@ -355,16 +385,26 @@ def guest_add(
     for pin in pins:
         if pin.action == "deny":
             b.rule(fwd, *_pin_match(g, pin), b.site(fwd, g, deny(Reason.RULE_DENY, rule=pin.rule)))
-    for rule in profile.allow:
+
+    def alone(rule: Rule) -> bool:  # a special block to exclude or to exempt: its own site
+        net, over = rule.spec.network, profile.public_override
+        return net is None or bool(inner_special(net, over)) or is_exemption(net, over)
+
+    allows, allow_groups = group_address_rules(
+        [r for r in profile.allow if r.spec.network is not None and r.spec.network.version == 4],
+        alone,
+    )
+    for rule in allows:
         net = rule.spec.network
-        if net is None or net.version != 4:
-            continue
+        assert net is not None
         inner = inner_special(net, profile.public_override)
         exclude = (
             [_match(_payload("ip", "daddr"), {"set": _prefixes(inner)}, op="!=")] if inner else []
         )
         reason = Reason.EXEMPT if is_exemption(net, profile.public_override) else Reason.RULE_ALLOW
         b.rule(fwd, *_rule_match(rule), *exclude, b.site(fwd, g, allow(reason, rule)))
+    for group in allow_groups:
+        b.grouped(fwd, g, group, allow(Reason.RULE_ALLOW))
     b.rule(fwd, _match(_payload("ip", "daddr"), "@special4"), b.site(fwd, g, deny(Reason.SPECIAL)))
     b.rule(
         fwd,
@@ -516,6 +556,7 @@ _inet = {"family": "inet", "table": TABLE}
 def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> list[Json]:
     """Commands that remove everything ``guest_add`` made for this guest (one batch)."""
     g = link.ifname
+    sites = list(sites)
     cmds: list[Json] = [
         {"delete": {"element": {"family": "inet", "table": TABLE, "name": "fwd", "elem": [g]}}},
         {"delete": {"element": {"family": "inet", "table": TABLE, "name": "in", "elem": [g]}}},
@@ -546,6 +587,9 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
     cmds += [
         {"delete": {"set": {"family": "inet", "table": TABLE, "name": pin_set(g, p.tag)}}}
         for p in pinned_rules(profile)
+    ]
+    cmds += [
+        {"delete": {"set": {**_inet, "name": site.group_set}}} for site in sites if site.group_set
     ]
     return cmds
 

@@ -7,6 +7,7 @@ __all__ = [
     "decide",
     "dnsnames",
     "exemptions",
+    "groups",
     "hostparse",
     "httprules",
     "limits",

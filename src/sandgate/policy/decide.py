@@ -38,6 +38,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from sandgate.policy.classify import AddressClass, Classification, classify
+from sandgate.policy.groups import RuleGroup
 from sandgate.policy.model import IPAddress, Mode, Protocol
 from sandgate.policy.profile import Profile, Rule
 
@@ -146,9 +147,17 @@ class Decision:
         return f"{self.reason.label}: {self.detail}" if self.detail else self.reason.label
 
 
-def at_address(decision: Decision, address: IPAddress | None) -> Decision:
+def at_address(
+    decision: Decision, address: IPAddress | None, group: RuleGroup | None = None
+) -> Decision:
     """A decision made for a whole range (the kernel's special-purpose site), told which
-    address it met: ``deny.special`` becomes the address's class, ``deny.private``."""
+    address it met: ``deny.special`` becomes the address's class, ``deny.private``; a grouped
+    rule site (policy/groups.py) names the group's rule for the address, as decide() does."""
+    if group is not None and address is not None and decision.rule is None:
+        rule = group.rule_at(address)
+        if rule is not None:
+            make = allow if decision.allowed else deny
+            return make(decision.reason, rule=rule, detail=f"{rule.ref} ({rule.label})")
     if decision.reason is not Reason.SPECIAL or address is None or decision.classification:
         return decision
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:

@@ -58,7 +58,7 @@ def gateway_event(
         session = session_of(guest)
     proto = proto_name(pkt.proto)
     port = pkt.dport if proto in ("tcp", "udp") else None
-    decision = at_address(site.decision, _address(pkt.dst))
+    decision = at_address(site.decision, _address(pkt.dst), site.group)
     details: dict[str, object] = {"site": site.prefix}
     if pkt.sport is not None:
         details["sport"] = pkt.sport
