@@ -42,9 +42,9 @@ EXPORTS = {
         "handed",
     ],
     "sandgate.policy": [
-        "classify", "decide", "dnsnames", "exemptions", "hostparse", "httprules", "limits", "load",
-        "locate", "model", "overlay", "patterns", "pins", "profile", "reach", "requests",
-        "suggest",
+        "classify", "decide", "dnsnames", "exemptions", "groups", "hostparse", "httprules",
+        "limits", "load", "locate", "model", "overlay", "patterns", "pins", "profile", "reach",
+        "requests", "suggest",
     ],
     "sandgate.prove": ["catalogue", "driver", "homelab", "invariants", "runner", "vmprobes"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],

@@ -38,7 +38,7 @@ from sandgate.policy.decide import (
     deny,
     request_rules,
 )
-from sandgate.policy.exemptions import inner_special, is_exemption, special4
+from sandgate.policy.exemptions import inner_special, is_exemption, special4, touches_special
 from sandgate.policy.groups import RuleGroup, group_address_rules
 from sandgate.policy.model import IPNetwork, Mode, Protocol
 from sandgate.policy.pins import PinRule, pinned_rules
@@ -388,7 +388,9 @@ def guest_add(
 
     def alone(rule: Rule) -> bool:  # a special block to exclude or to exempt: its own site
         net, over = rule.spec.network, profile.public_override
-        return net is None or bool(inner_special(net, over)) or is_exemption(net, over)
+        if net is None or not touches_special(net):
+            return net is None
+        return bool(inner_special(net, over)) or is_exemption(net, over)
 
     allows, allow_groups = group_address_rules(
         [r for r in profile.allow if r.spec.network is not None and r.spec.network.version == 4],

@@ -52,6 +52,22 @@ def inner_special(
     return subtract(sorted(ipaddress.collapse_addresses(inner)), overrides) if inner else []
 
 
+_SPANS4 = tuple(
+    (int(b.network.network_address), int(b.network.broadcast_address))
+    for b in BLOCKS
+    if isinstance(b.network, ipaddress.IPv4Network)
+)
+
+
+def touches_special(net: IPNetwork) -> bool:
+    """Does ``net`` overlap any special-purpose block? If not, it has no inner special block
+    and is no exemption: the quick test that lets 100,000 rules skip the two above."""
+    if not isinstance(net, ipaddress.IPv4Network):
+        return True
+    lo, hi = int(net.network_address), int(net.broadcast_address)
+    return any(a <= hi and lo <= b for a, b in _SPANS4)
+
+
 def is_exemption(net: IPNetwork, public_override: Iterable[IPNetwork] = ()) -> bool:
     """Does an allow rule for ``net`` lift a special-purpose block (reason allow.exempt)?"""
     if any(net.version == o.version and net.subnet_of(o) for o in public_override):  # type: ignore[arg-type]
@@ -62,4 +78,4 @@ def is_exemption(net: IPNetwork, public_override: Iterable[IPNetwork] = ()) -> b
     )
 
 
-__all__ = ["inner_special", "is_exemption", "special4", "subtract"]
+__all__ = ["inner_special", "is_exemption", "special4", "subtract", "touches_special"]

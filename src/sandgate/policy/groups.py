@@ -119,7 +119,7 @@ def _scopes_overlap(a: Rule, b: Rule) -> bool:
         return False
     if not a.spec.ports or not b.spec.ports:
         return True
-    return any(lo <= h and l <= hi for lo, hi in a.spec.ports for l, h in b.spec.ports)
+    return any(lo <= high and low <= hi for lo, hi in a.spec.ports for low, high in b.spec.ports)
 
 
 __all__ = ["RuleGroup", "group_address_rules", "scope_of"]
