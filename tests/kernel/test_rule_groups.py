@@ -1,0 +1,61 @@
+"""Grouped address rules in a real kernel: 2,000 CIDR rules become one interval set and one
+site, apply in one batch, and ``guest_remove`` takes the set away with the guest (issue 11)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import subprocess
+
+import pytest
+
+from sandgate.net import ns
+from sandgate.net.compile import TABLE, GuestLink, base_ruleset, guest_add, guest_remove
+from sandgate.net.nft import Nft, batch
+from sandgate.policy.load import parse_policy
+
+POOL = ipaddress.ip_network("10.201.0.0/16")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+
+
+def _sets(name: str) -> dict[str, int]:
+    out = subprocess.run(
+        ["ip", "netns", "exec", name, "nft", "-j", "list", "sets", "inet"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = [i["set"] for i in json.loads(out)["nftables"] if "set" in i]
+    return {s["name"]: len(s.get("elem", [])) for s in found if s["table"] == TABLE}
+
+
+def test_grouped_rules_apply_and_go_with_the_guest() -> None:
+    allow = [f'{{ cidr = "11.{i // 256}.{i % 256}.0/24", port = 443 }}' for i in range(2000)]
+    allow += ['{ cidr = "11.0.0.0/22", port = "440-450" }']  # overlaps: sites of their own
+    text = f'[profiles.big]\ninternet = "allowlist"\nallow = [{", ".join(allow)}]\n'
+    link = GuestLink.from_pool(POOL, 0, "02:00:00:00:02:01")
+    profile = parse_policy(text.encode(), "big.toml").profile(
+        "big", gateway_address=link.gateway, guest_pool=POOL
+    )
+    name = f"sg-groups-{secrets.token_hex(3)}"
+    ns.create(name)
+    worker = ns.NsThread(name)
+    try:
+        subprocess.run(
+            ["ip", "-n", name, "link", "add", link.ifname, "type", "veth", "peer", "name", "pg0"],
+            check=True,
+        )
+        nft = Nft.on(worker)
+        base, _ = base_ruleset("up0", POOL)
+        cmds, sites = guest_add(link, profile)
+        nft.run(batch(*base, *cmds))
+        grouped = [s for s in sites.values() if s.group is not None]
+        assert [len(s.group.rules) for s in grouped if s.group] == [1996]
+        assert _sets(name)[grouped[0].group_set] == 1996
+        nft.run(batch(*guest_remove(link, sites.values(), profile)))
+        assert not [s for s in _sets(name) if s.startswith("r") and s.endswith("_g0")]
+    finally:
+        worker.close()
+        ns.remove(name)
