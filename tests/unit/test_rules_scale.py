@@ -78,3 +78,24 @@ def test_the_special_block_shortcut_never_skips_a_special_rule() -> None:
     assert skipped, "every network touches a special block: the test tests nothing"
     for net in skipped:
         assert not inner_special(net) and not is_exemption(net), net
+
+
+def test_a_grouped_sites_log_line_names_the_rule_of_its_address(tmp_path: Path) -> None:
+    """The NFLOG reader turns a grouped site's line into an event naming the address's rule."""
+    from sandgate.gateway.logs.logreader import gateway_event
+    from sandgate.net.nflog import NflogPacket
+
+    path = tmp_path / "big.toml"
+    _policy(path, 200)
+    profile = load_policy(str(path)).profile()
+    link = GuestLink.from_pool(ipaddress.ip_network("10.201.0.0/16"), 0, "02:00:00:00:00:01")
+    _, sites = guest_add(link, profile)
+    site = next(s for s in sites.values() if s.group is not None)
+    pkt = NflogPacket(
+        group=2, prefix=site.prefix, hook=None, family=2, indev=None, outdev=None, uid=None,
+        gid=None, seq=None, seq_global=None, timestamp=None, proto=6, src=str(link.guest),
+        dst="11.0.37.9", sport=40000, dport=8000, tcp_flags=2, icmp_type=None, icmp_code=None,
+        length=60, mark=None,
+    )  # fmt: skip
+    _, event = gateway_event(pkt, site, lambda src: None)
+    assert (event.verdict, event.rule) == ("allow", "big.allow[75] (11.0.37.0/24)"), event
