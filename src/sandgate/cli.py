@@ -342,6 +342,13 @@ def explain(
         typer.Option("--world", help="'test': names and policy as in sandgate's test world"),
     ] = None,
     json_out: JsonOpt = False,
+    ipv6: Annotated[  # issue 14 part 5
+        bool,
+        typer.Option(
+            "--ipv6/--no-ipv6",
+            help="judge as a gateway whose uplink has IPv6 (default: none, deny.ipv6)",
+        ),
+    ] = False,
 ) -> None:
     """Say whether the policy allows each target, by which rule, and why."""
     import ipaddress
@@ -368,7 +375,9 @@ def explain(
     try:
         pol = load_policy(policy)
         m = _mode(mode)
-        prof = pol.profile(profile, mode=Mode(m) if m else None, public_override=override)
+        prof = pol.profile(
+            profile, mode=Mode(m) if m else None, public_override=override, uplink_ipv6=ipv6
+        )
         proto = Protocol(protocol)
     except SandgateError as exc:
         _fail(exc)
