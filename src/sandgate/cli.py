@@ -259,12 +259,20 @@ def run(
             help="allowlist mode where a new name waits for `sandgate approve` (issue 14)",
         ),
     ] = False,
+    # -- issue 13: each phase of the run, wall and CPU ----------------------------------
+    timings: Annotated[
+        bool, typer.Option("--timings", help="print each phase of the run (wall, CPU) on stderr")
+    ] = False,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
-    from sandgate.report.render import print_report
-    from sandgate.sandbox.workspace import WorkspaceSpec
-    from sandgate.session.runner import RunOptions
-    from sandgate.session.runner import run as run_session
+    from sandgate.session.timings import Timings, cpu_now, since_process_start
+
+    clock = Timings()
+    clock.add("python start, CLI imports, options", since_process_start() or 0.0, cpu_now())
+    with clock.phase("imports of run"):
+        from sandgate.sandbox.workspace import WorkspaceSpec
+        from sandgate.session.runner import RunOptions
+        from sandgate.session.runner import run as run_session
 
     if world not in (None, "test"):
         raise typer.BadParameter("the only world is 'test'", param_hint="--world")
@@ -307,6 +315,7 @@ def run(
         notify=notify,
         limits=_limits(pids, memory, cpus),
         vm=_vm_options(vm, nic, uid),
+        timings=clock,
     )
     try:
         result = run_session(opts)
@@ -315,18 +324,24 @@ def run(
         return
     if result.message:
         err.print(f"[yellow]sandgate:[/yellow] {result.message}", highlight=False)
-    if json_out:
-        print(
-            json.dumps(
-                {
-                    "session": result.session,
-                    "exit_code": result.exit_code,
-                    **result.report.as_json(),
-                }
+    with clock.phase("render"):
+        if json_out:
+            print(
+                json.dumps(
+                    {
+                        "session": result.session,
+                        "exit_code": result.exit_code,
+                        **result.report.as_json(),
+                        **({"timings": clock.as_json()} if timings else {}),
+                    }
+                )
             )
-        )
-    elif not quiet:
-        print_report(result.report)
+        elif not quiet:
+            from sandgate.report.render import print_report
+
+            print_report(result.report)
+    if timings and not json_out:
+        sys.stderr.write("\n".join(["sandgate: timings", *clock.lines()]) + "\n")
     raise typer.Exit(result.exit_code)
 
 
