@@ -249,13 +249,16 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     except Exception as exc:  # a finding we cannot make must not keep the box
                         findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
             if guest is not None:
-                with t.phase("control remove_guest (log settle)") as ph:
-                    with contextlib.suppress(SandgateError), stack.gateway.client() as ctl:
-                        removed = ctl.call(
-                            "remove_guest", guest=guest["guest"], quiet_since=quiet_since
-                        )
-                        counters = removed.get("counters", {})
-                        ph.steps = dict(removed.get("timing_ms") or {})
+                with (
+                    t.phase("control remove_guest (log settle)") as ph,
+                    contextlib.suppress(SandgateError),
+                    stack.gateway.client() as ctl,
+                ):
+                    removed = ctl.call(
+                        "remove_guest", guest=guest["guest"], quiet_since=quiet_since
+                    )
+                    counters = removed.get("counters", {})
+                    ph.steps = dict(removed.get("timing_ms") or {})
         finally:
             with t.phase("teardown: netns, dirs"):
                 if box is not None:

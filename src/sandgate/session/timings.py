@@ -24,7 +24,10 @@ __all__ = ["Phase", "Running", "Timings", "cpu_now", "since_process_start"]
 
 def cpu_now() -> float:
     """CPU seconds of this process and its waited-for children, user and system."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
@@ -109,7 +112,9 @@ class Timings:
         out = [f"{'phase':<{width}}{'wall ms':>9}{'cpu ms':>9}"]
         for p in self.phases:
             out.append(f"{p.name:<{width}}{p.wall_ms:>9.1f}{p.cpu_ms:>9.1f}")
-            out.extend(f"  {'gateway ' + step:<{width - 2}}{ms:>9.1f}" for step, ms in p.steps.items())
+            out.extend(
+                f"  {'gateway ' + step:<{width - 2}}{ms:>9.1f}" for step, ms in p.steps.items()
+            )
         wall, cpu = self.total()
         out.append(f"{'total':<{width}}{wall:>9.1f}{cpu:>9.1f}")
         return out
