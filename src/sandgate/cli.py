@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
 
 from sandgate.errors import PolicyError, SandgateError
 
@@ -27,8 +26,34 @@ export_app = typer.Typer(
 )
 app.add_typer(export_app, name="export")
 
-out = Console()
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """rich's Console, made on first use: importing rich costs ~25 ms (2026-12-01) that a
+    `run -q` which prints nothing never needs."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        return getattr(self._console, name)
+
+
+def _wide_console() -> Console:
+    from rich.console import Console
+
+    return out if out.is_terminal else Console(width=160)
+
+
+out = cast("Console", _LazyConsole())
+err = cast("Console", _LazyConsole(stderr=True))
 
 PolicyOpt = Annotated[
     str | None, typer.Option("--policy", "-p", help="policy file (default: the built-in policy)")
@@ -615,7 +640,7 @@ def suite(
         _fail(exc)
         return
     if not json_out:
-        wide = out if out.is_terminal else Console(width=160)
+        wide = _wide_console()
         wide.print(suite_table(result))
         share = result.attribution_share()
         if share is not None:
@@ -1140,7 +1165,7 @@ def doctor(
     if json_out:
         print(json.dumps(result.as_json()))
     else:
-        wide = out if out.is_terminal else Console(width=160)
+        wide = _wide_console()
         wide.print(doctor_table(result))
         t = result.totals()
         out.print(
