@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandgate import cleanup
 from sandgate.errors import SandboxError, SandgateError
@@ -43,8 +43,9 @@ from sandgate.sandbox.workspace import WorkspaceSpec, stray_files
 from sandgate.session import drift, evidence, modeluse
 from sandgate.session.stack import Stack, stack_for
 from sandgate.session.timings import Timings
-from sandgate.vm import launch as vm_launch
-from sandgate.vm.launch import VmOptions
+
+if TYPE_CHECKING:  # QEMU guests' module is imported by the runs that use one (issue 13)
+    from sandgate.vm.launch import VmOptions
 
 UID_BASE = 61000
 
@@ -126,6 +127,8 @@ def run(opts: RunOptions) -> RunResult:
         if opts.policy is not None or opts.world is None:
             load_policy(opts.policy)
     if opts.vm is not None:
+        from sandgate.vm import launch as vm_launch
+
         vm_launch.preflight(opts.vm)  # QEMU there, the guest built (once): before any stack
     with signals_raise(), contextlib.ExitStack() as exits:
         with t.phase("gateway (find or bring up)"):
@@ -153,6 +156,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
+    if opts.vm is not None:
+        from sandgate.vm import launch as vm_launch
     vm = vm_launch.preflight(opts.vm) if opts.vm is not None else None
     if vm is not None and opts.vm is not None:
         start_details["vm"] = vm_launch.details(vm[1], opts.vm, vm[0])
