@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
 
 from sandgate.errors import PolicyError, SandgateError
 
@@ -27,8 +26,34 @@ export_app = typer.Typer(
 )
 app.add_typer(export_app, name="export")
 
-out = Console()
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """rich's Console, made on first use: importing rich costs ~25 ms (2026-12-01) that a
+    `run -q` which prints nothing never needs."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        return getattr(self._console, name)
+
+
+def _wide_console() -> Console:
+    from rich.console import Console
+
+    return out if out.is_terminal else Console(width=160)
+
+
+out = cast("Console", _LazyConsole())
+err = cast("Console", _LazyConsole(stderr=True))
 
 PolicyOpt = Annotated[
     str | None, typer.Option("--policy", "-p", help="policy file (default: the built-in policy)")
@@ -259,12 +284,20 @@ def run(
             help="allowlist mode where a new name waits for `sandgate approve` (issue 14)",
         ),
     ] = False,
+    # -- issue 13: each phase of the run, wall and CPU ----------------------------------
+    timings: Annotated[
+        bool, typer.Option("--timings", help="print each phase of the run (wall, CPU) on stderr")
+    ] = False,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
-    from sandgate.report.render import print_report
-    from sandgate.sandbox.workspace import WorkspaceSpec
-    from sandgate.session.runner import RunOptions
-    from sandgate.session.runner import run as run_session
+    from sandgate.session.timings import Timings, cpu_now, since_process_start
+
+    clock = Timings()
+    clock.add("python start, CLI imports, options", since_process_start() or 0.0, cpu_now())
+    with clock.phase("imports of run"):
+        from sandgate.sandbox.workspace import WorkspaceSpec
+        from sandgate.session.runner import RunOptions
+        from sandgate.session.runner import run as run_session
 
     if world not in (None, "test"):
         raise typer.BadParameter("the only world is 'test'", param_hint="--world")
@@ -307,6 +340,7 @@ def run(
         notify=notify,
         limits=_limits(pids, memory, cpus),
         vm=_vm_options(vm, nic, uid),
+        timings=clock,
     )
     try:
         result = run_session(opts)
@@ -315,18 +349,24 @@ def run(
         return
     if result.message:
         err.print(f"[yellow]sandgate:[/yellow] {result.message}", highlight=False)
-    if json_out:
-        print(
-            json.dumps(
-                {
-                    "session": result.session,
-                    "exit_code": result.exit_code,
-                    **result.report.as_json(),
-                }
+    with clock.phase("render"):
+        if json_out:
+            print(
+                json.dumps(
+                    {
+                        "session": result.session,
+                        "exit_code": result.exit_code,
+                        **result.report.as_json(),
+                        **({"timings": clock.as_json()} if timings else {}),
+                    }
+                )
             )
-        )
-    elif not quiet:
-        print_report(result.report)
+        elif not quiet:
+            from sandgate.report.render import print_report
+
+            print_report(result.report)
+    if timings and not json_out:
+        sys.stderr.write("\n".join(["sandgate: timings", *clock.lines()]) + "\n")
     raise typer.Exit(result.exit_code)
 
 
@@ -609,7 +649,7 @@ def suite(
         _fail(exc)
         return
     if not json_out:
-        wide = out if out.is_terminal else Console(width=160)
+        wide = _wide_console()
         wide.print(suite_table(result))
         share = result.attribution_share()
         if share is not None:
@@ -1134,7 +1174,7 @@ def doctor(
     if json_out:
         print(json.dumps(result.as_json()))
     else:
-        wide = out if out.is_terminal else Console(width=160)
+        wide = _wide_console()
         wide.print(doctor_table(result))
         t = result.totals()
         out.print(

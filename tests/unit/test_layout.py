@@ -51,7 +51,7 @@ EXPORTS = {
     "sandgate.sandbox": ["bwrap", "launch", "limits", "privilege", "tree", "workspace"],
     "sandgate.session": [
         "claims", "demo", "drift", "evidence", "modeluse", "runner", "stack", "suite", "tasks",
-        "retention",
+        "retention", "timings",
     ],
     "sandgate.session.claims": [
         "Claim", "ClaimKind", "Evidence", "FileFact", "Finding", "Verdict", "check_claims",
