@@ -315,7 +315,95 @@ MINI = Framework(
     answer_after=r"^Exit:\n",
 )
 
-FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (HERMES, MINI)}
+# -- aider (Paul Gauthier) --------------------------------------------------------------------
+
+
+def _aider_home(ep: Endpoint) -> dict[str, str]:
+    # ~/.aider.conf.yml: aider reads it from the home directory. Its history files go to the
+    # home (its state), not the work dir; no git, no repo map, no analytics, no playwright (it
+    # would offer to pip-install it and a browser); the price list fetch and the update check
+    # stay on (report 000's framework start-up traffic).
+    conf = [
+        "# Written by sandgate (src/sandgate/agents/frameworks.py); copied into a fresh home",
+        f"model: openai/{ep.model}",
+        f"openai-api-base: {ep.base_url}",
+        f"openai-api-key: {ep.api_key or ''}",
+        "yes-always: true",
+        "git: false",
+        "gitignore: false",
+        "auto-commits: false",
+        "map-tokens: 0",
+        "analytics-disable: true",
+        "disable-playwright: true",
+        "show-model-warnings: false",
+        "show-release-notes: false",
+        "pretty: false",
+        "fancy-input: false",
+        "suggest-shell-commands: false",
+        f"chat-history-file: {SANDBOX_HOME}/.aider/chat.history.md",
+        f"input-history-file: {SANDBOX_HOME}/.aider/input.history",
+        "",
+    ]
+    return {".aider.conf.yml": "\n".join(conf)}
+
+
+# `pip freeze` of a good install of aider-chat 0.86.2 with Debian 12's Python 3.11.
+_AIDER_LOCK = """
+aider-chat==0.86.2 aiohappyeyeballs==2.6.1 aiohttp==3.13.3 aiosignal==1.4.0
+annotated-doc==0.0.4 annotated-types==0.7.0 anyio==4.12.1 asgiref==3.11.1 attrs==25.4.0
+backoff==2.2.1 beautifulsoup4==4.14.3 certifi==2026.1.4 cffi==2.0.0 charset-normalizer==3.4.4
+click==8.3.1 ConfigArgParse==1.7.1 diff-match-patch==20241021 diskcache==5.6.3 distro==1.9.0
+fastapi==0.128.8 fastuuid==0.14.0 filelock==3.20.3 flake8==7.3.0 frozenlist==1.8.0
+fsspec==2026.2.0 gitdb==4.0.12 GitPython==3.1.46 grep-ast==0.9.0 h11==0.16.0 hf-xet==1.2.0
+httpcore==1.0.9 httpx==0.28.1 huggingface_hub==1.4.1 idna==3.11 importlib_metadata==7.2.1
+importlib_resources==6.5.2 Jinja2==3.1.6 jiter==0.13.0 json5==0.13.0 jsonschema==4.26.0
+jsonschema-specifications==2025.9.1 litellm==1.81.10 markdown-it-py==4.0.0 MarkupSafe==3.0.3
+mccabe==0.7.0 mdurl==0.1.2 mixpanel==5.0.0 mslex==1.3.0 multidict==6.7.1 networkx==3.4.2
+numpy==1.26.4 openai==2.20.0 orjson==3.11.7 oslex==0.1.3 packaging==26.0 pathspec==1.0.4
+pexpect==4.9.0 pillow==12.1.1 posthog==7.8.6 prompt_toolkit==3.0.52 propcache==0.4.1
+psutil==7.2.2 ptyprocess==0.7.0 pycodestyle==2.14.0 pycparser==3.0 pydantic==2.12.5
+pydantic_core==2.41.5 pydub==0.25.1 pyflakes==3.4.0 Pygments==2.19.2 pypandoc==1.16.2
+pyperclip==1.11.0 python-dateutil==2.9.0.post0 python-dotenv==1.2.1 PyYAML==6.0.3
+referencing==0.37.0 regex==2026.1.15 requests==2.32.5 rich==14.3.2 rpds-py==0.30.0
+scipy==1.15.3 shellingham==1.5.4 shtab==1.8.0 six==1.17.0 smmap==5.0.2 sniffio==1.3.1
+socksio==1.0.0 sounddevice==0.5.5 soundfile==0.13.1 soupsieve==2.8.3 starlette==0.52.1
+tiktoken==0.12.0 tokenizers==0.22.2 tqdm==4.67.3 tree-sitter==0.25.2
+tree-sitter-c-sharp==0.23.1 tree-sitter-embedded-template==0.25.0
+tree-sitter-language-pack==0.13.0 tree-sitter-yaml==0.7.2 typer==0.23.0 typer-slim==0.23.0
+typing-inspection==0.4.2 typing_extensions==4.15.0 urllib3==2.6.3 watchfiles==1.1.1
+wcwidth==0.6.0 yarl==1.22.0 zipp==3.23.0
+"""
+
+AIDER = Framework(
+    name="aider",
+    package="aider-chat==0.86.2",
+    lock=tuple(_AIDER_LOCK.split()),
+    # --message: one exchange, then exit. aider first offers to add every URL of the message
+    # to the chat (yes-always: it scrapes it itself, with httpx), then asks the model.
+    command=(
+        "/bin/sh",
+        "-c",
+        "test -e {home}/.aider.conf.yml || cp -R {template}/. {home}/ || exit 1;"
+        " cd {workdir} && exec {venv}/bin/aider"
+        ' --message "[aider] $(cat {prompt_file})" </dev/null',
+    ),
+    env={"COLUMNS": "10000", "TERM": "dumb"},
+    home=_aider_home,
+    endpoints=("lan", "lan-http"),
+    about="aider, Paul Gauthier (pip: aider-chat)",
+    # litellm's price list (aider's model info), its update check (PyPI JSON API); the URLs
+    # in the prompt, scraped before the model is asked, and pypandoc's download of pandoc
+    # (GitHub releases) to turn the scraped page into markdown
+    startup=("raw.githubusercontent.com", "pypi.org", "github.com"),
+    state_paths=(f"{SANDBOX_HOME}/.aider",),
+    # the last line of its own: the banner's "Repo-map:" or what the URL scrape printed
+    answer_after=(
+        r"^(?:Repo-map: .*|Scraping \S+\.\.\.|Failed to retrieve content from .*"
+        r"|HTTP error occurred: .*|An error occurred: .*|Unable to install pandoc: .*)\n"
+    ),
+)
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (HERMES, MINI, AIDER)}
 
 
 def get(name: str) -> Framework:

@@ -104,6 +104,7 @@ BUILTIN: dict[str, Callable[[], AgentSpec]] = {
     "scripted": scripted,
     "hermes": hermes,
     "mini-swe-agent": _framework("mini-swe-agent"),
+    "aider": _framework("aider"),
 }
 
 
