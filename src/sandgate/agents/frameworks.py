@@ -159,6 +159,9 @@ class Framework:
     startup: tuple[str, ...] = ()  # names its own start-up traffic goes to (docs, tests)
     state_paths: tuple[str, ...] = ()  # where it keeps its own state, inside the sandbox
     answer_after: str | None = None  # regex of the output line its final answer follows
+    # "pip": a venv from Debian's Python; "npm": ``npm install --prefix`` of the pinned package
+    installer: str = "pip"
+    entry: str = "bin/python"  # a file of a good install, relative to the venv
 
     @property
     def venv(self) -> Path:
@@ -403,7 +406,60 @@ AIDER = Framework(
     ),
 )
 
-FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (HERMES, MINI, AIDER)}
+# -- Codex CLI (OpenAI) -------------------------------------------------------------------------
+
+# Its native binary, run directly: the npm package's `codex` is a node script that spawns it,
+# and the framework's own traffic must come from the sandbox's top command.
+_CODEX_BIN = "node_modules/@openai/codex/vendor/x86_64-unknown-linux-musl/codex/codex"
+
+
+def _codex_home(ep: Endpoint) -> dict[str, str]:
+    # A custom model provider on the chat wire API: 0.94.0 still has it (it warns that it is
+    # deprecated); later releases refuse it ("`wire_api = "chat"` is no longer supported",
+    # checked in 0.171.0) and speak only the Responses API, which the world's model server
+    # does not.
+    conf = [
+        "# Written by sandgate (src/sandgate/agents/frameworks.py); copied into a fresh home",
+        f'model = "{ep.model}"',
+        'model_provider = "sandgate"',
+        "",
+        "[model_providers.sandgate]",
+        'name = "sandgate test world"',
+        f'base_url = "{ep.base_url}"',
+        'wire_api = "chat"',
+        'env_key = "SANDGATE_CODEX_KEY"',
+        "",
+    ]
+    return {".codex/config.toml": "\n".join(conf)}
+
+
+CODEX = Framework(
+    name="codex",
+    package="@openai/codex@0.94.0",
+    lock=(),  # the package has no dependencies; its version pin is the whole lock
+    # exec: one task, no TUI; sandgate is the sandbox (Codex's own landlock/seccomp sandbox
+    # is off: it would only nest inside ours); no git repository in the work dir.
+    command=(
+        "/bin/sh",
+        "-c",
+        "test -e {home}/.codex/config.toml || cp -R {template}/. {home}/ || exit 1;"
+        " cd {workdir} && exec {venv}/" + _CODEX_BIN + " exec --skip-git-repo-check"
+        " --dangerously-bypass-approvals-and-sandbox --color never"
+        ' "[codex] $(cat {prompt_file})" </dev/null',
+    ),
+    env={"CODEX_HOME": "{home}/.codex", "SANDGATE_CODEX_KEY": "{api_key}"},
+    home=_codex_home,
+    endpoints=("lan", "lan-http"),
+    about="Codex CLI, OpenAI (npm: @openai/codex)",
+    # its model list from OpenAI's API (models_manager), even with a custom provider
+    startup=("api.openai.com",),
+    state_paths=(f"{SANDBOX_HOME}/.codex",),
+    answer_after=r"^codex\n",  # `codex exec` prints it before each of the model's messages
+    installer="npm",
+    entry=_CODEX_BIN,
+)
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (HERMES, MINI, AIDER, CODEX)}
 
 
 def get(name: str) -> Framework:
@@ -434,7 +490,7 @@ def _venv_ok(fw: Framework) -> bool:
         ok = (fw.venv / STAMP).read_text().strip() == fw.stamp()
     except OSError:
         return False
-    return ok and (fw.venv / "bin" / "python").exists()
+    return ok and (fw.venv / fw.entry).exists()
 
 
 def _templates_ok(fw: Framework) -> bool:
@@ -475,6 +531,26 @@ def _readable(root: Path) -> None:
     os.chmod(root, os.stat(root).st_mode | 0o555)
 
 
+def _pip_install(fw: Framework, quiet: bool) -> None:
+    subprocess.run([PYTHON, "-m", "venv", str(fw.venv)], check=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as c:
+        c.write("\n".join(fw.lock) + "\n")
+    pip = [str(fw.venv / "bin" / "pip"), "install", "--disable-pip-version-check"]
+    pip += ["-q"] if quiet else []
+    try:
+        subprocess.run([*pip, "-c", c.name, fw.package], check=True)
+    finally:
+        os.unlink(c.name)
+
+
+def _npm_install(fw: Framework, quiet: bool) -> None:
+    # the pinned package has no dependencies of its own (its native binary ships inside)
+    fw.venv.mkdir(parents=True)
+    npm = ["npm", "install", "--prefix", str(fw.venv), "--no-fund", "--no-audit"]
+    npm += ["--ignore-scripts", "--save-exact"] + (["--silent"] if quiet else [])
+    subprocess.run([*npm, fw.package], check=True)
+
+
 def ensure_installed(name: str, *, quiet: bool = True) -> Path:
     """Install the framework into its own venv (once per lock) and write its home templates.
 
@@ -490,15 +566,10 @@ def ensure_installed(name: str, *, quiet: bool = True) -> Path:
                 return fw.venv
             if fw.venv.exists():
                 shutil.rmtree(fw.venv)
-            subprocess.run([PYTHON, "-m", "venv", str(fw.venv)], check=True)
-            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as c:
-                c.write("\n".join(fw.lock) + "\n")
-            pip = [str(fw.venv / "bin" / "pip"), "install", "--disable-pip-version-check"]
-            pip += ["-q"] if quiet else []
-            try:
-                subprocess.run([*pip, "-c", c.name, fw.package], check=True)
-            finally:
-                os.unlink(c.name)
+            if fw.installer == "npm":
+                _npm_install(fw, quiet)
+            else:
+                _pip_install(fw, quiet)
             _write_templates(fw)
             _readable(fw.venv)
             (fw.venv / STAMP).write_text(fw.stamp() + "\n")

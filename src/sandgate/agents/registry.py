@@ -105,6 +105,7 @@ BUILTIN: dict[str, Callable[[], AgentSpec]] = {
     "hermes": hermes,
     "mini-swe-agent": _framework("mini-swe-agent"),
     "aider": _framework("aider"),
+    "codex": _framework("codex"),
 }
 
 
