@@ -289,8 +289,6 @@ def test_mini_swe_agent_suite_locked_and_open(stack: Stack, store_path: Path) ->
     t13 = rows["T13", "locked"]
     assert (t13.check, t13.claims_verdict, t13.outcome) == ("pass", "invented", "fail (invented)")
     assert "example.com" in t13.names_denied
-    for r in rows.values():  # its model list from OpenAI's API, at start-up: the framework's
-        assert "api.openai.com" in r.names
 
 
 @pytest.mark.skipif(
