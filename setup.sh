@@ -72,6 +72,12 @@ case "${1:-}" in
         if [ "${SANDGATE_NO_AGENTS:-}" != 1 ]; then
             "$venv/bin/python" -m sandgate.agents.frameworks install mini-swe-agent >/dev/null ||
                 echo "setup.sh: mini-swe-agent could not be installed; its test will be skipped" >&2
+            # aider (its test): ~3 min once from the index, ~40 s from pip's cache
+            "$venv/bin/python" -m sandgate.agents.frameworks install aider >/dev/null ||
+                echo "setup.sh: aider could not be installed; its test will be skipped" >&2
+            # OpenAI's Codex CLI (its test): npm, one package with its native binary, ~15 s
+            "$venv/bin/python" -m sandgate.agents.frameworks install codex >/dev/null ||
+                echo "setup.sh: codex could not be installed; its test will be skipped" >&2
         fi
         if [ "${SANDGATE_NO_MODEL:-}" != 1 ]; then
             "$venv/bin/python" -m sandgate.world.llm install smollm2 >/dev/null ||
