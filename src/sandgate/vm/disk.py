@@ -180,7 +180,7 @@ def guest_script(seed: Seed) -> str:
         "dev=''",
         'for d in /sys/class/net/*; do [ "$(cat "$d/address")" = "$mac" ] && dev=${d##*/}; done',
         '[ -n "$dev" ] || fail "no NIC with MAC $mac"',
-        "for f in /proc/sys/net/ipv6/conf/*/disable_ipv6; do echo 1 > \"$f\"; done 2>/dev/null",
+        'for f in /proc/sys/net/ipv6/conf/*/disable_ipv6; do echo 1 > "$f"; done 2>/dev/null',
         'ip addr flush dev "$dev"',
         f'ip addr add {q(seed.address)} dev "$dev" || fail "address {seed.address}"',
         'ip link set "$dev" up',
