@@ -1205,6 +1205,7 @@ def cleanup(
         ("nftables tables", result.tables),
         ("session mounts", result.mounts),
         ("cgroups", result.cgroups),
+        ("stale gateway guests", result.guests),
     ):
         if items:
             out.print(f"removed {label}: {', '.join(str(i) for i in items)}")
