@@ -93,7 +93,9 @@ def test_own_image_runs_the_command_behind_the_gateway(
         'echo "proxy=$HTTPS_PROXY"; cat /etc/resolv.conf; '
         # busybox's own resolver and nc (its static wget crashes in glibc's NSS, no libc here)
         "ip=$(nslookup example.com | sed -n 's/^Address: //p' | tail -n1); "
-        "printf 'GET / HTTP/1.0\\r\\nHost: example.com\\r\\n\\r\\n' | nc -w 10 \"$ip\" 80; "
+        # (busybox's small nc ends at its input's end: the sleep holds it open for the answer)
+        "(printf 'GET / HTTP/1.1\\r\\nHost: example.com\\r\\nConnection: close\\r\\n\\r\\n'; "
+        "sleep 5) | nc -w 20 \"$ip\" 80 | grep -q '^HTTP/1.1 200' && echo reached; "
         "echo written > /root/mark; exit 3",
         mode="open",
         vm=VmOptions(image=ImageOptions(disk_path, kernel, initrd)),
@@ -101,7 +103,7 @@ def test_own_image_runs_the_command_behind_the_gateway(
     )
     out = Path(result.report.output or "").read_text() if result.report.output else ""
     assert result.exit_code == 3, (result.message, out)
-    assert "hello from 6." in out and "ca-ok" in out, out
+    assert "hello from 6." in out and "ca-ok" in out and "reached" in out, out
     assert "proxy=http://" in out
     assert "nameserver " in out
     # The gateway saw and judged the guest's lookup and request, by name.
