@@ -84,9 +84,10 @@ case "${1:-}" in
                 echo "setup.sh: the smollm2 world model could not be installed; its tests will be skipped" >&2
         fi
         # VM guests (issue 9): QEMU, and the built-in guest (a Debian kernel + busybox
-        # initramfs under /opt/sandgate/vm, built once; `sandgate run --vm` builds it on first use).
+        # initramfs under /opt/sandgate/vm, built once; `sandgate run --vm` builds it on first use);
+        # qemu-utils and genisoimage for `--vm --image` (its overlay and NoCloud seed).
         vmpkgs=()
-        for p in qemu-system-x86 busybox-static cpio; do
+        for p in qemu-system-x86 qemu-utils genisoimage busybox-static cpio; do
             dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || vmpkgs+=("$p")
         done
         if [ "${#vmpkgs[@]}" -gt 0 ]; then

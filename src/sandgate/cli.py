@@ -197,17 +197,36 @@ def _limits(pids: str | None, memory: str | None, cpus: str | None) -> Any:
 
 
 # --- VM guests (issue 9) ---
-def _vm_options(vm: bool, nic: str, uid: int | None) -> Any:
-    """--vm [--nic tap|none]; with --uid the command runs as that uid in the guest, else root."""
+def _vm_options(
+    vm: bool,
+    nic: str,
+    uid: int | None,
+    own: tuple[Path | None, Path | None, Path | None, bool] = (None, None, None, False),
+) -> Any:
+    """--vm [--nic tap|none]; with --uid the command runs as that uid in the guest, else root.
+    ``own``: --image DISK [--kernel K --initrd I] [--cloud-init] (bring your own guest)."""
+    disk_path, kernel, initrd, cloud_init = own
     if not vm:
         if nic != "tap":
             raise typer.BadParameter("--nic applies to --vm guests only", param_hint="--nic")
+        if disk_path or kernel or initrd or cloud_init:
+            raise typer.BadParameter("--image/--kernel/--initrd/--cloud-init need --vm")
         return None
-    from sandgate.vm.launch import VmOptions
+    from sandgate.vm.disk import ImageOptions
+    from sandgate.vm.launch import BOOT_TIMEOUT, VmOptions
 
     if nic not in ("tap", "none"):
         raise typer.BadParameter(f"{nic!r}: use tap or none", param_hint="--nic")
-    return VmOptions(nic="tap" if nic == "tap" else "none", as_uid=uid is not None)
+    if disk_path is None and (kernel or initrd or cloud_init):
+        raise typer.BadParameter("--kernel/--initrd/--cloud-init go with --image DISK")
+    image = None if disk_path is None else ImageOptions(disk_path, kernel, initrd, cloud_init)
+    return VmOptions(
+        nic="tap" if nic == "tap" else "none",
+        as_uid=uid is not None,
+        # A cloud image boots a whole distribution (systemd, cloud-init) under TCG: minutes.
+        boot_timeout=BOOT_TIMEOUT if image is None else 2 * BOOT_TIMEOUT,
+        image=image,
+    )
 
 
 # --- end VM guests ---
@@ -277,6 +296,19 @@ def run(
     nic: Annotated[
         str, typer.Option("--nic", help="the VM's network: 'tap' (its guest link) or 'none'")
     ] = "tap",
+    vm_image: Annotated[
+        Path | None,
+        typer.Option("--image", help="--vm: boot this qcow2/raw disk (never written: an overlay)"),
+    ] = None,
+    vm_kernel: Annotated[
+        Path | None, typer.Option("--kernel", help="--image: boot this kernel (needs --initrd)")
+    ] = None,
+    vm_initrd: Annotated[
+        Path | None, typer.Option("--initrd", help="--image: the kernel's initrd")
+    ] = None,
+    cloud_init: Annotated[
+        bool, typer.Option("--cloud-init", help="--image: the image runs cloud-init (NoCloud)")
+    ] = False,
     ask: Annotated[
         bool,
         typer.Option(
@@ -339,7 +371,7 @@ def run(
         capture=not sys.stdin.isatty(),
         notify=notify,
         limits=_limits(pids, memory, cpus),
-        vm=_vm_options(vm, nic, uid),
+        vm=_vm_options(vm, nic, uid, (vm_image, vm_kernel, vm_initrd, cloud_init)),
         timings=clock,
     )
     try:
@@ -1222,6 +1254,7 @@ def cleanup(
         ("nftables tables", result.tables),
         ("session mounts", result.mounts),
         ("cgroups", result.cgroups),
+        ("stale gateway guests", result.guests),
     ):
         if items:
             out.print(f"removed {label}: {', '.join(str(i) for i in items)}")
