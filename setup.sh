@@ -72,15 +72,22 @@ case "${1:-}" in
         if [ "${SANDGATE_NO_AGENTS:-}" != 1 ]; then
             "$venv/bin/python" -m sandgate.agents.frameworks install mini-swe-agent >/dev/null ||
                 echo "setup.sh: mini-swe-agent could not be installed; its test will be skipped" >&2
+            # aider (its test): ~3 min once from the index, ~40 s from pip's cache
+            "$venv/bin/python" -m sandgate.agents.frameworks install aider >/dev/null ||
+                echo "setup.sh: aider could not be installed; its test will be skipped" >&2
+            # OpenAI's Codex CLI (its test): npm, one package with its native binary, ~15 s
+            "$venv/bin/python" -m sandgate.agents.frameworks install codex >/dev/null ||
+                echo "setup.sh: codex could not be installed; its test will be skipped" >&2
         fi
         if [ "${SANDGATE_NO_MODEL:-}" != 1 ]; then
             "$venv/bin/python" -m sandgate.world.llm install smollm2 >/dev/null ||
                 echo "setup.sh: the smollm2 world model could not be installed; its tests will be skipped" >&2
         fi
         # VM guests (issue 9): QEMU, and the built-in guest (a Debian kernel + busybox
-        # initramfs under /opt/sandgate/vm, built once; `sandgate run --vm` builds it on first use).
+        # initramfs under /opt/sandgate/vm, built once; `sandgate run --vm` builds it on first use);
+        # qemu-utils and genisoimage for `--vm --image` (its overlay and NoCloud seed).
         vmpkgs=()
-        for p in qemu-system-x86 busybox-static cpio; do
+        for p in qemu-system-x86 qemu-utils genisoimage busybox-static cpio; do
             dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || vmpkgs+=("$p")
         done
         if [ "${#vmpkgs[@]}" -gt 0 ]; then

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import dnsperf, nflog, startup, throughput
+from bench import dnsperf, nflog, startup, throughput, wholerun
 from bench.common import log
 from bench.stack import BenchStack, bench_stack
 
@@ -22,6 +22,7 @@ PARTS: dict[str, Callable[[BenchStack, bool], dict[str, Any]]] = {
     "throughput": throughput.measure,
     "dns": dnsperf.measure,
     "nflog": nflog.measure,
+    "wholerun": wholerun.measure,
 }
 GOALS = {
     "up_to_exec_ms": 100.0,
@@ -29,12 +30,15 @@ GOALS = {
     "throughput_ratio": 0.95,
     "dns_qps": 20_000,
     "nflog_lost": 0,
+    "wholerun_wall_s": 0.25,
+    "wholerun_cpu_s": 0.2,
 }
 RERUN = {
     "startup": "bench/run foundation --only startup",
     "throughput": "bench/run foundation --only throughput",
     "dns": "bench/run foundation --only dns",
     "nflog": "bench/run foundation --only nflog",
+    "wholerun": "bench/run foundation --only wholerun",
 }
 
 
@@ -125,6 +129,23 @@ def rows(parts: dict[str, Any]) -> list[dict[str, Any]]:
             None,
             "ms",
         )
+    if "wholerun" in parts:
+        w = parts["wholerun"]
+        for key, goal, label in (
+            ("wall_median_s", "wholerun_wall_s", "wall"),
+            ("cpu_median_s", "wholerun_cpu_s", "CPU"),
+        ):
+            med = w["sandgate"][key]
+            row(
+                "whole run",
+                f"`run -q -- true` {label} median of {w['n']}",
+                med,
+                w["srt"][key] if w.get("srt") else float("nan"),
+                "srt -c true",
+                f"≤ {GOALS[goal]:g} s",
+                med <= GOALS[goal],
+                "s",
+            )
     if "throughput" in parts:
         t = parts["throughput"]
         for tag, label in (("web", "HTTP via egress proxy"), ("direct", "kernel path, no proxy")):
@@ -212,6 +233,8 @@ def _fmt(v: float | None, unit: str) -> str:
         return f"{v:.1f}"
     if unit in ("qps", "events"):
         return f"{v:,.0f}"
+    if unit == "s":
+        return f"{v:.3f}"
     return f"{v:,.0f}"
 
 

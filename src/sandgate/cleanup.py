@@ -34,6 +34,7 @@ class CleanupResult:
     tables: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
     cgroups: list[str] = field(default_factory=list)
+    guests: list[str] = field(default_factory=list)  # "instance/link" taken off a live gateway
     kept: list[str] = field(default_factory=list)
 
     @property
@@ -45,6 +46,7 @@ class CleanupResult:
             or self.tables
             or self.mounts
             or self.cgroups
+            or self.guests
         )
 
 
@@ -91,6 +93,7 @@ def forget_pids(name: str) -> None:
 
 def cleanup(everything: bool = False) -> CleanupResult:
     result = CleanupResult()
+    dead = _dead_sessions(everything)  # before the owner records below are removed
     _processes(result, everything)
     for name in ns.list_ours():
         # A namespace whose recorded owner (a session's runner) died is that session's
@@ -107,12 +110,44 @@ def cleanup(everything: bool = False) -> CleanupResult:
     _host_tables(result, everything)
     _session_mounts(result, everything)
     _cgroups(result, everything)
+    _stale_guests(result, dead)
     if everything or not result.kept:
         with contextlib.suppress(FileNotFoundError):
             for entry in OWNERS.iterdir():
                 if everything or not owned(entry.name):
                     entry.unlink()
     return result
+
+
+def _dead_sessions(everything: bool) -> set[str]:
+    """Sessions whose runner is gone (each runner owns ``mount-<session>`` while it runs)."""
+    if not OWNERS.is_dir():
+        return set()
+    return {
+        entry.name.removeprefix("mount-")
+        for entry in OWNERS.iterdir()
+        if entry.name.startswith("mount-") and (everything or not owned(entry.name))
+    }
+
+
+def _stale_guests(result: CleanupResult, dead: set[str]) -> None:
+    """A runner killed by SIGKILL never told its gateway: a gateway that stays up still lists
+    the guest (its link gone with the namespace). Take those guests off every live gateway."""
+    if not dead or not RUN_ROOT.is_dir():
+        return
+    from sandgate.errors import GatewayError
+    from sandgate.gateway.manage import find
+
+    for folder in sorted(RUN_ROOT.iterdir()):
+        handle = find(folder.name) if folder.is_dir() else None
+        if handle is None:
+            continue
+        with contextlib.suppress(GatewayError, OSError), handle.client() as ctl:
+            for link, guest in dict(ctl.call("status").get("guests", {})).items():
+                if guest.get("session") in dead:
+                    with contextlib.suppress(GatewayError):
+                        ctl.call("remove_guest", guest=link)
+                        result.guests.append(f"{handle.instance}/{link}")
 
 
 def _session_mounts(result: CleanupResult, everything: bool) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
 
 from sandgate.errors import PolicyError, SandgateError
 
@@ -27,8 +26,34 @@ export_app = typer.Typer(
 )
 app.add_typer(export_app, name="export")
 
-out = Console()
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """rich's Console, made on first use: importing rich costs ~25 ms (2026-12-01) that a
+    `run -q` which prints nothing never needs."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        return getattr(self._console, name)
+
+
+def _wide_console() -> Console:
+    from rich.console import Console
+
+    return out if out.is_terminal else Console(width=160)
+
+
+out = cast("Console", _LazyConsole())
+err = cast("Console", _LazyConsole(stderr=True))
 
 PolicyOpt = Annotated[
     str | None, typer.Option("--policy", "-p", help="policy file (default: the built-in policy)")
@@ -172,17 +197,36 @@ def _limits(pids: str | None, memory: str | None, cpus: str | None) -> Any:
 
 
 # --- VM guests (issue 9) ---
-def _vm_options(vm: bool, nic: str, uid: int | None) -> Any:
-    """--vm [--nic tap|none]; with --uid the command runs as that uid in the guest, else root."""
+def _vm_options(
+    vm: bool,
+    nic: str,
+    uid: int | None,
+    own: tuple[Path | None, Path | None, Path | None, bool] = (None, None, None, False),
+) -> Any:
+    """--vm [--nic tap|none]; with --uid the command runs as that uid in the guest, else root.
+    ``own``: --image DISK [--kernel K --initrd I] [--cloud-init] (bring your own guest)."""
+    disk_path, kernel, initrd, cloud_init = own
     if not vm:
         if nic != "tap":
             raise typer.BadParameter("--nic applies to --vm guests only", param_hint="--nic")
+        if disk_path or kernel or initrd or cloud_init:
+            raise typer.BadParameter("--image/--kernel/--initrd/--cloud-init need --vm")
         return None
-    from sandgate.vm.launch import VmOptions
+    from sandgate.vm.disk import ImageOptions
+    from sandgate.vm.launch import BOOT_TIMEOUT, VmOptions
 
     if nic not in ("tap", "none"):
         raise typer.BadParameter(f"{nic!r}: use tap or none", param_hint="--nic")
-    return VmOptions(nic="tap" if nic == "tap" else "none", as_uid=uid is not None)
+    if disk_path is None and (kernel or initrd or cloud_init):
+        raise typer.BadParameter("--kernel/--initrd/--cloud-init go with --image DISK")
+    image = None if disk_path is None else ImageOptions(disk_path, kernel, initrd, cloud_init)
+    return VmOptions(
+        nic="tap" if nic == "tap" else "none",
+        as_uid=uid is not None,
+        # A cloud image boots a whole distribution (systemd, cloud-init) under TCG: minutes.
+        boot_timeout=BOOT_TIMEOUT if image is None else 2 * BOOT_TIMEOUT,
+        image=image,
+    )
 
 
 # --- end VM guests ---
@@ -252,6 +296,19 @@ def run(
     nic: Annotated[
         str, typer.Option("--nic", help="the VM's network: 'tap' (its guest link) or 'none'")
     ] = "tap",
+    vm_image: Annotated[
+        Path | None,
+        typer.Option("--image", help="--vm: boot this qcow2/raw disk (never written: an overlay)"),
+    ] = None,
+    vm_kernel: Annotated[
+        Path | None, typer.Option("--kernel", help="--image: boot this kernel (needs --initrd)")
+    ] = None,
+    vm_initrd: Annotated[
+        Path | None, typer.Option("--initrd", help="--image: the kernel's initrd")
+    ] = None,
+    cloud_init: Annotated[
+        bool, typer.Option("--cloud-init", help="--image: the image runs cloud-init (NoCloud)")
+    ] = False,
     ask: Annotated[
         bool,
         typer.Option(
@@ -259,12 +316,20 @@ def run(
             help="allowlist mode where a new name waits for `sandgate approve` (issue 14)",
         ),
     ] = False,
+    # -- issue 13: each phase of the run, wall and CPU ----------------------------------
+    timings: Annotated[
+        bool, typer.Option("--timings", help="print each phase of the run (wall, CPU) on stderr")
+    ] = False,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
-    from sandgate.report.render import print_report
-    from sandgate.sandbox.workspace import WorkspaceSpec
-    from sandgate.session.runner import RunOptions
-    from sandgate.session.runner import run as run_session
+    from sandgate.session.timings import Timings, cpu_now, since_process_start
+
+    clock = Timings()
+    clock.add("python start, CLI imports, options", since_process_start() or 0.0, cpu_now())
+    with clock.phase("imports of run"):
+        from sandgate.sandbox.workspace import WorkspaceSpec
+        from sandgate.session.runner import RunOptions
+        from sandgate.session.runner import run as run_session
 
     if world not in (None, "test"):
         raise typer.BadParameter("the only world is 'test'", param_hint="--world")
@@ -306,7 +371,8 @@ def run(
         capture=not sys.stdin.isatty(),
         notify=notify,
         limits=_limits(pids, memory, cpus),
-        vm=_vm_options(vm, nic, uid),
+        vm=_vm_options(vm, nic, uid, (vm_image, vm_kernel, vm_initrd, cloud_init)),
+        timings=clock,
     )
     try:
         result = run_session(opts)
@@ -315,18 +381,24 @@ def run(
         return
     if result.message:
         err.print(f"[yellow]sandgate:[/yellow] {result.message}", highlight=False)
-    if json_out:
-        print(
-            json.dumps(
-                {
-                    "session": result.session,
-                    "exit_code": result.exit_code,
-                    **result.report.as_json(),
-                }
+    with clock.phase("render"):
+        if json_out:
+            print(
+                json.dumps(
+                    {
+                        "session": result.session,
+                        "exit_code": result.exit_code,
+                        **result.report.as_json(),
+                        **({"timings": clock.as_json()} if timings else {}),
+                    }
+                )
             )
-        )
-    elif not quiet:
-        print_report(result.report)
+        elif not quiet:
+            from sandgate.report.render import print_report
+
+            print_report(result.report)
+    if timings and not json_out:
+        sys.stderr.write("\n".join(["sandgate: timings", *clock.lines()]) + "\n")
     raise typer.Exit(result.exit_code)
 
 
@@ -342,6 +414,13 @@ def explain(
         typer.Option("--world", help="'test': names and policy as in sandgate's test world"),
     ] = None,
     json_out: JsonOpt = False,
+    ipv6: Annotated[  # issue 14 part 5
+        bool,
+        typer.Option(
+            "--ipv6/--no-ipv6",
+            help="judge as a gateway whose uplink has IPv6 (default: none, deny.ipv6)",
+        ),
+    ] = False,
 ) -> None:
     """Say whether the policy allows each target, by which rule, and why."""
     import ipaddress
@@ -368,7 +447,9 @@ def explain(
     try:
         pol = load_policy(policy)
         m = _mode(mode)
-        prof = pol.profile(profile, mode=Mode(m) if m else None, public_override=override)
+        prof = pol.profile(
+            profile, mode=Mode(m) if m else None, public_override=override, uplink_ipv6=ipv6
+        )
         proto = Protocol(protocol)
     except SandgateError as exc:
         _fail(exc)
@@ -600,7 +681,7 @@ def suite(
         _fail(exc)
         return
     if not json_out:
-        wide = out if out.is_terminal else Console(width=160)
+        wide = _wide_console()
         wide.print(suite_table(result))
         share = result.attribution_share()
         if share is not None:
@@ -1125,7 +1206,7 @@ def doctor(
     if json_out:
         print(json.dumps(result.as_json()))
     else:
-        wide = out if out.is_terminal else Console(width=160)
+        wide = _wide_console()
         wide.print(doctor_table(result))
         t = result.totals()
         out.print(
@@ -1173,6 +1254,7 @@ def cleanup(
         ("nftables tables", result.tables),
         ("session mounts", result.mounts),
         ("cgroups", result.cgroups),
+        ("stale gateway guests", result.guests),
     ):
         if items:
             out.print(f"removed {label}: {', '.join(str(i) for i in items)}")

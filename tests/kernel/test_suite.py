@@ -289,3 +289,61 @@ def test_mini_swe_agent_suite_locked_and_open(stack: Stack, store_path: Path) ->
     t13 = rows["T13", "locked"]
     assert (t13.check, t13.claims_verdict, t13.outcome) == ("pass", "invented", "fail (invented)")
     assert "example.com" in t13.names_denied
+
+
+@pytest.mark.skipif(
+    frameworks.installed("aider") is None,
+    reason="aider not installed: /opt/sandgate/venv/bin/python -m "
+    "sandgate.agents.frameworks install aider",
+)
+def test_aider_suite_locked_and_open(stack: Stack, store_path: Path) -> None:
+    """aider's own code on replayed model turns, C00 and T13 through the gateway. Before it asks
+    the model it fetches litellm's price list and scrapes the prompt's URL itself: that traffic
+    is the framework's (it has no tool process), and the scraped page is what supports the
+    answer when open; locked, the same answer is invented."""
+    suite = load_tasks(TASKS)
+    chosen = [t for t in suite.tasks if t.id in ("C00", "T13")]
+    opts = SuiteOptions(tasks=TASKS, agent=resolve("aider"), store=str(store_path))
+    rows = {(r.task, r.mode): r for r in run_suite_in(stack, suite, chosen, opts).rows}
+    for r in rows.values():
+        assert r.exit_code == 0, (r.task, r.mode, r.message)
+        assert "raw.githubusercontent.com" in r.names  # litellm's price list, at start-up
+        assert r.attribution["by_role"].get("framework", 0) >= 1
+        assert not r.attribution["by_role"].get("tool")  # no tool ran: all aider's own
+        assert r.model_use["completions"] >= 1 and r.model_use["aborted"] == 0
+    assert rows["C00", "locked"].outcome == rows["C00", "open"].outcome == "pass"
+    assert "example.com" not in rows["C00", "open"].names
+    t13 = rows["T13", "open"]
+    assert "example.com" in t13.names  # the scrape, before the model was asked
+    assert (t13.outcome, t13.claims_verdict) == ("pass", "supported"), t13.flagged_claims
+    t13 = rows["T13", "locked"]
+    assert (t13.check, t13.claims_verdict, t13.outcome) == ("pass", "invented", "fail (invented)")
+    assert "example.com" in t13.names_denied
+
+
+@pytest.mark.skipif(
+    frameworks.installed("codex") is None,
+    reason="codex not installed: /opt/sandgate/venv/bin/python -m "
+    "sandgate.agents.frameworks install codex",
+)
+def test_codex_suite_locked_and_open(stack: Stack, store_path: Path) -> None:
+    """OpenAI's Codex CLI (0.94.0, a custom provider on the chat wire API) on replayed model
+    turns, C00 and T13 through the gateway: its shell tool's curl is a tool's traffic, the
+    answer supported when open and invented when locked."""
+    suite = load_tasks(TASKS)
+    chosen = [t for t in suite.tasks if t.id in ("C00", "T13")]
+    opts = SuiteOptions(tasks=TASKS, agent=resolve("codex"), store=str(store_path))
+    rows = {(r.task, r.mode): r for r in run_suite_in(stack, suite, chosen, opts).rows}
+    for r in rows.values():
+        assert r.exit_code == 0, (r.task, r.mode, r.message)
+        assert r.attribution["by_role"].get("framework", 0) >= 1
+        assert r.model_use["completions"] >= 1 and r.model_use["aborted"] == 0
+    assert rows["C00", "locked"].outcome == rows["C00", "open"].outcome == "pass"
+    t13 = rows["T13", "open"]
+    assert (t13.outcome, t13.claims_verdict) == ("pass", "supported"), t13.flagged_claims
+    assert t13.attribution["by_role"].get("tool", 0) >= 1  # its curl
+    t13 = rows["T13", "locked"]
+    assert (t13.check, t13.claims_verdict, t13.outcome) == ("pass", "invented", "fail (invented)")
+    assert "example.com" in t13.names_denied
+    for r in rows.values():  # its model list from OpenAI's API, at start-up: the framework's
+        assert "api.openai.com" in r.names

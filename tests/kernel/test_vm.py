@@ -218,8 +218,15 @@ def test_cleanup_kills_the_qemu_of_a_killed_runner(stack: Stack) -> None:
         assert set(netns) <= set(result.namespaces), result
         assert not [n for n in netns if ns.exists(n)]
         assert not [c for c in owned if c.startswith("sandgate-") and c not in result.cgroups]
+        # The gateway stayed up and still listed the dead session's guest: cleanup took it off.
+        sessions = {n.removeprefix("mount-") for n in owned if n.startswith("mount-")}
+        assert sessions
+        with stack.gateway.client() as ctl:
+            guests = ctl.call("status")["guests"]
+        assert not [n for n, g in guests.items() if g.get("session") in sessions], guests
+        assert [g for g in result.guests if g.startswith(stack.instance + "/")], result
     finally:
-        # The live gateway still lists the dead session's guest: take it off (its link is gone).
+        # Should cleanup have missed it, the shared gateway must not keep the slot.
         sessions = {n.removeprefix("mount-") for n in owned if n.startswith("mount-")}
         with stack.gateway.client() as ctl:
             for name, g in ctl.call("status")["guests"].items():

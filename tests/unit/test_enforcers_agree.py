@@ -53,7 +53,7 @@ from sandgate.policy.model import Protocol
 from sandgate.policy.pins import pin_rules
 from sandgate.policy.profile import Profile
 from sandgate.policy.requests import gate_verdict
-from tests.nfteval import Packet, Ruleset
+from tests.nfteval import Nft, Packet, Ruleset
 
 TEST_INTERNET = (IPv4Network("203.0.113.0/24"), IPv4Network("198.51.100.0/24"))
 POOLS = ("10.201.0.0/16", "10.202.0.0/16", "10.99.64.0/20")
@@ -431,3 +431,60 @@ def test_no_policy_reaches_the_host(pol: tuple[Profile, GuestLink], proto: str) 
     d = decide(profile, Attempt(Protocol(proto), host, port, "gist.github.com"))
     assert not d.allowed and d.key in ("deny.host", "deny.rule"), d.key
     assert not world.kernel(str(host), proto, port)
+
+
+# IPv6 destinations (issue 14 part 5): public, the test world's v6 internet, ULA, link-local,
+# multicast, metadata, and forms carrying an IPv4 (NAT64, 6to4, Teredo) of private and public.
+V6_TARGETS = (
+    "2606:4700:4700::1111",
+    "2001:db8:1::10",
+    "fd00::1",
+    "fe80::1",
+    "ff02::1",
+    "fd00:ec2::254",
+    "64:ff9b::a4d:a",  # NAT64 of 10.77.0.10, the model server
+    "64:ff9b::808:808",
+    "2002:a00:1::1",  # 6to4 of 10.0.0.1
+    "2001:0:808:404::f5ff:fffe",  # Teredo, client 10.0.0.1
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    policies(),
+    st.sampled_from(sorted(NAMES)),
+    st.sampled_from(V6_TARGETS),
+    st.sampled_from(("tcp", "udp")),
+    st.sampled_from((80, 443, 8000)),
+)
+def test_ipv6_where_the_uplink_has_none(
+    pol: tuple[Profile, GuestLink], name: str, target: str, proto: str, port: int
+) -> None:
+    """Today's gateways have no IPv6 uplink (``Profile.uplink_ipv6`` False): whatever the
+    policy, decide() refuses every IPv6 destination (by its class, or ``deny.ipv6``), the
+    real resolver answers AAAA questions empty with ``deny.ipv6``, the proxy dials none, and
+    the kernel drops every IPv6 frame at the link (``deny.ipv6``)."""
+    profile, link = pol
+    assert not profile.uplink_ipv6
+    world = World(profile, link)
+    address = ipaddress.IPv6Address(target)
+    for d in (
+        decide(profile, Attempt(Protocol(proto), address, port)),
+        decide(profile, Attempt(Protocol(proto), address, port, name)),
+    ):
+        assert not d.allowed, (target, d.key)
+    q = dnslogic.parse_question(dns.message.make_query(name, "AAAA").to_wire())
+    question = dnsnames.judge_question(profile, name, dnslogic.AAAA)
+    entry = world.resolver._local(world.dns, q, question)
+    if decide_name(profile, name).allowed and question.reason.key == "deny.ipv6":
+        assert entry is not None and entry.rcode == 0 and not entry.addresses
+    else:  # refused as a name, or answered by the gateway itself (a front): never upstream
+        assert entry is not None and all(a != target for a in entry.addresses)
+    judged = judge(profile, name, None, port, lambda n: [address])
+    assert not judged.decision.allowed and judged.address is None
+    frame = Packet(IPv4Address("203.0.113.1"), proto, port, link.ifname, ethertype="ip6")
+    base, base_sites = base_ruleset("up0", profile.guest_pool, public_override=TEST_INTERNET)
+    guest, guest_sites = guest_add(link, profile)
+    nft = Nft(base + guest, {**base_sites, **guest_sites}, link)
+    verdict = nft.ingress(frame)
+    assert verdict.kind == "drop" and nft.sites[verdict.site or ""].reason == "deny.ipv6"

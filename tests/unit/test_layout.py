@@ -51,13 +51,13 @@ EXPORTS = {
     "sandgate.sandbox": ["bwrap", "launch", "limits", "privilege", "tree", "workspace"],
     "sandgate.session": [
         "claims", "demo", "drift", "evidence", "modeluse", "runner", "stack", "suite", "tasks",
-        "retention",
+        "retention", "timings",
     ],
     "sandgate.session.claims": [
         "Claim", "ClaimKind", "Evidence", "FileFact", "Finding", "Verdict", "check_claims",
         "extract_claims", "flagged",
     ],
-    "sandgate.vm": ["accel", "image", "launch", "qemu"],
+    "sandgate.vm": ["accel", "disk", "image", "launch", "qemu"],
     "sandgate.world": ["fixtures", "homelab", "llm", "servers", "topology"],
     "sandgate.world.servers": [],  # each server is run as its own process (python -m ...)
 }  # fmt: skip

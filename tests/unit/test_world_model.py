@@ -67,6 +67,22 @@ def test_script_turns_follow_the_assistant_count() -> None:
     assert choose_reply(script, chat).content == SCRIPT_DONE
 
 
+def test_example_exchanges_before_the_task_do_not_count() -> None:
+    """aider sends made-up few-shot pairs (user, assistant) before the real task message."""
+    script = Script.model_validate(SCRIPT)
+    chat: list[dict[str, Any]] = [
+        {"role": "system", "content": "you edit files"},
+        {"role": "user", "content": "Change get_factorial() to use math.factorial"},
+        {"role": "assistant", "content": "Here is the change..."},
+        {"role": "user", "content": "I am not sharing any files yet."},
+        {"role": "assistant", "content": "Ok."},
+        {"role": "user", "content": "do task-7 please"},
+    ]
+    assert [name for _, name, _ in choose_reply(script, chat).tool_calls] == ["shell", "read_file"]
+    chat += [{"role": "assistant", "content": "ran"}, {"role": "user", "content": "and?"}]
+    assert choose_reply(script, chat).content == "All done: two tools ran."
+
+
 def test_echo_when_nothing_matches() -> None:
     script = Script.model_validate(SCRIPT)
     parts = [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]

@@ -159,6 +159,9 @@ class Framework:
     startup: tuple[str, ...] = ()  # names its own start-up traffic goes to (docs, tests)
     state_paths: tuple[str, ...] = ()  # where it keeps its own state, inside the sandbox
     answer_after: str | None = None  # regex of the output line its final answer follows
+    # "pip": a venv from Debian's Python; "npm": ``npm install --prefix`` of the pinned package
+    installer: str = "pip"
+    entry: str = "bin/python"  # a file of a good install, relative to the venv
 
     @property
     def venv(self) -> Path:
@@ -315,7 +318,148 @@ MINI = Framework(
     answer_after=r"^Exit:\n",
 )
 
-FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (HERMES, MINI)}
+# -- aider (Paul Gauthier) --------------------------------------------------------------------
+
+
+def _aider_home(ep: Endpoint) -> dict[str, str]:
+    # ~/.aider.conf.yml: aider reads it from the home directory. Its history files go to the
+    # home (its state), not the work dir; no git, no repo map, no analytics, no playwright (it
+    # would offer to pip-install it and a browser); the price list fetch and the update check
+    # stay on (report 000's framework start-up traffic).
+    conf = [
+        "# Written by sandgate (src/sandgate/agents/frameworks.py); copied into a fresh home",
+        f"model: openai/{ep.model}",
+        f"openai-api-base: {ep.base_url}",
+        f"openai-api-key: {ep.api_key or ''}",
+        "yes-always: true",
+        "git: false",
+        "gitignore: false",
+        "auto-commits: false",
+        "map-tokens: 0",
+        "analytics-disable: true",
+        "disable-playwright: true",
+        "show-model-warnings: false",
+        "show-release-notes: false",
+        "pretty: false",
+        "fancy-input: false",
+        "suggest-shell-commands: false",
+        f"chat-history-file: {SANDBOX_HOME}/.aider/chat.history.md",
+        f"input-history-file: {SANDBOX_HOME}/.aider/input.history",
+        "",
+    ]
+    return {".aider.conf.yml": "\n".join(conf)}
+
+
+# `pip freeze` of a good install of aider-chat 0.86.2 with Debian 12's Python 3.11.
+_AIDER_LOCK = """
+aider-chat==0.86.2 aiohappyeyeballs==2.6.1 aiohttp==3.13.3 aiosignal==1.4.0
+annotated-doc==0.0.4 annotated-types==0.7.0 anyio==4.12.1 asgiref==3.11.1 attrs==25.4.0
+backoff==2.2.1 beautifulsoup4==4.14.3 certifi==2026.1.4 cffi==2.0.0 charset-normalizer==3.4.4
+click==8.3.1 ConfigArgParse==1.7.1 diff-match-patch==20241021 diskcache==5.6.3 distro==1.9.0
+fastapi==0.128.8 fastuuid==0.14.0 filelock==3.20.3 flake8==7.3.0 frozenlist==1.8.0
+fsspec==2026.2.0 gitdb==4.0.12 GitPython==3.1.46 grep-ast==0.9.0 h11==0.16.0 hf-xet==1.2.0
+httpcore==1.0.9 httpx==0.28.1 huggingface_hub==1.4.1 idna==3.11 importlib_metadata==7.2.1
+importlib_resources==6.5.2 Jinja2==3.1.6 jiter==0.13.0 json5==0.13.0 jsonschema==4.26.0
+jsonschema-specifications==2025.9.1 litellm==1.81.10 markdown-it-py==4.0.0 MarkupSafe==3.0.3
+mccabe==0.7.0 mdurl==0.1.2 mixpanel==5.0.0 mslex==1.3.0 multidict==6.7.1 networkx==3.4.2
+numpy==1.26.4 openai==2.20.0 orjson==3.11.7 oslex==0.1.3 packaging==26.0 pathspec==1.0.4
+pexpect==4.9.0 pillow==12.1.1 posthog==7.8.6 prompt_toolkit==3.0.52 propcache==0.4.1
+psutil==7.2.2 ptyprocess==0.7.0 pycodestyle==2.14.0 pycparser==3.0 pydantic==2.12.5
+pydantic_core==2.41.5 pydub==0.25.1 pyflakes==3.4.0 Pygments==2.19.2 pypandoc==1.16.2
+pyperclip==1.11.0 python-dateutil==2.9.0.post0 python-dotenv==1.2.1 PyYAML==6.0.3
+referencing==0.37.0 regex==2026.1.15 requests==2.32.5 rich==14.3.2 rpds-py==0.30.0
+scipy==1.15.3 shellingham==1.5.4 shtab==1.8.0 six==1.17.0 smmap==5.0.2 sniffio==1.3.1
+socksio==1.0.0 sounddevice==0.5.5 soundfile==0.13.1 soupsieve==2.8.3 starlette==0.52.1
+tiktoken==0.12.0 tokenizers==0.22.2 tqdm==4.67.3 tree-sitter==0.25.2
+tree-sitter-c-sharp==0.23.1 tree-sitter-embedded-template==0.25.0
+tree-sitter-language-pack==0.13.0 tree-sitter-yaml==0.7.2 typer==0.23.0 typer-slim==0.23.0
+typing-inspection==0.4.2 typing_extensions==4.15.0 urllib3==2.6.3 watchfiles==1.1.1
+wcwidth==0.6.0 yarl==1.22.0 zipp==3.23.0
+"""
+
+AIDER = Framework(
+    name="aider",
+    package="aider-chat==0.86.2",
+    lock=tuple(_AIDER_LOCK.split()),
+    # --message: one exchange, then exit. aider first offers to add every URL of the message
+    # to the chat (yes-always: it scrapes it itself, with httpx), then asks the model.
+    command=(
+        "/bin/sh",
+        "-c",
+        "test -e {home}/.aider.conf.yml || cp -R {template}/. {home}/ || exit 1;"
+        " cd {workdir} && exec {venv}/bin/aider"
+        ' --message "[aider] $(cat {prompt_file})" </dev/null',
+    ),
+    env={"COLUMNS": "10000", "TERM": "dumb"},
+    home=_aider_home,
+    endpoints=("lan", "lan-http"),
+    about="aider, Paul Gauthier (pip: aider-chat)",
+    # litellm's price list (aider's model info), its update check (PyPI JSON API); the URLs
+    # in the prompt, scraped before the model is asked, and pypandoc's download of pandoc
+    # (GitHub releases) to turn the scraped page into markdown
+    startup=("raw.githubusercontent.com", "pypi.org", "github.com"),
+    state_paths=(f"{SANDBOX_HOME}/.aider",),
+    # the last line of its own: the banner's "Repo-map:" or what the URL scrape printed
+    answer_after=(
+        r"^(?:Repo-map: .*|Scraping \S+\.\.\.|Failed to retrieve content from .*"
+        r"|HTTP error occurred: .*|An error occurred: .*|Unable to install pandoc: .*)\n"
+    ),
+)
+
+# -- Codex CLI (OpenAI) -------------------------------------------------------------------------
+
+# Its native binary, run directly: the npm package's `codex` is a node script that spawns it,
+# and the framework's own traffic must come from the sandbox's top command.
+_CODEX_BIN = "node_modules/@openai/codex/vendor/x86_64-unknown-linux-musl/codex/codex"
+
+
+def _codex_home(ep: Endpoint) -> dict[str, str]:
+    # A custom model provider on the chat wire API: 0.94.0 still has it (it warns that it is
+    # deprecated); later releases refuse it ("`wire_api = "chat"` is no longer supported",
+    # checked in 0.171.0) and speak only the Responses API, which the world's model server
+    # does not.
+    conf = [
+        "# Written by sandgate (src/sandgate/agents/frameworks.py); copied into a fresh home",
+        f'model = "{ep.model}"',
+        'model_provider = "sandgate"',
+        "",
+        "[model_providers.sandgate]",
+        'name = "sandgate test world"',
+        f'base_url = "{ep.base_url}"',
+        'wire_api = "chat"',
+        'env_key = "SANDGATE_CODEX_KEY"',
+        "",
+    ]
+    return {".codex/config.toml": "\n".join(conf)}
+
+
+CODEX = Framework(
+    name="codex",
+    package="@openai/codex@0.94.0",
+    lock=(),  # the package has no dependencies; its version pin is the whole lock
+    # exec: one task, no TUI; sandgate is the sandbox (Codex's own landlock/seccomp sandbox
+    # is off: it would only nest inside ours); no git repository in the work dir.
+    command=(
+        "/bin/sh",
+        "-c",
+        "test -e {home}/.codex/config.toml || cp -R {template}/. {home}/ || exit 1;"
+        " cd {workdir} && exec {venv}/" + _CODEX_BIN + " exec --skip-git-repo-check"
+        " --dangerously-bypass-approvals-and-sandbox --color never"
+        ' "[codex] $(cat {prompt_file})" </dev/null',
+    ),
+    env={"CODEX_HOME": "{home}/.codex", "SANDGATE_CODEX_KEY": "{api_key}"},
+    home=_codex_home,
+    endpoints=("lan", "lan-http"),
+    about="Codex CLI, OpenAI (npm: @openai/codex)",
+    # its model list from OpenAI's API (models_manager), even with a custom provider
+    startup=("api.openai.com",),
+    state_paths=(f"{SANDBOX_HOME}/.codex",),
+    answer_after=r"^codex\n",  # `codex exec` prints it before each of the model's messages
+    installer="npm",
+    entry=_CODEX_BIN,
+)
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (HERMES, MINI, AIDER, CODEX)}
 
 
 def get(name: str) -> Framework:
@@ -346,7 +490,7 @@ def _venv_ok(fw: Framework) -> bool:
         ok = (fw.venv / STAMP).read_text().strip() == fw.stamp()
     except OSError:
         return False
-    return ok and (fw.venv / "bin" / "python").exists()
+    return ok and (fw.venv / fw.entry).exists()
 
 
 def _templates_ok(fw: Framework) -> bool:
@@ -387,6 +531,26 @@ def _readable(root: Path) -> None:
     os.chmod(root, os.stat(root).st_mode | 0o555)
 
 
+def _pip_install(fw: Framework, quiet: bool) -> None:
+    subprocess.run([PYTHON, "-m", "venv", str(fw.venv)], check=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as c:
+        c.write("\n".join(fw.lock) + "\n")
+    pip = [str(fw.venv / "bin" / "pip"), "install", "--disable-pip-version-check"]
+    pip += ["-q"] if quiet else []
+    try:
+        subprocess.run([*pip, "-c", c.name, fw.package], check=True)
+    finally:
+        os.unlink(c.name)
+
+
+def _npm_install(fw: Framework, quiet: bool) -> None:
+    # the pinned package has no dependencies of its own (its native binary ships inside)
+    fw.venv.mkdir(parents=True)
+    npm = ["npm", "install", "--prefix", str(fw.venv), "--no-fund", "--no-audit"]
+    npm += ["--ignore-scripts", "--save-exact"] + (["--silent"] if quiet else [])
+    subprocess.run([*npm, fw.package], check=True)
+
+
 def ensure_installed(name: str, *, quiet: bool = True) -> Path:
     """Install the framework into its own venv (once per lock) and write its home templates.
 
@@ -402,15 +566,10 @@ def ensure_installed(name: str, *, quiet: bool = True) -> Path:
                 return fw.venv
             if fw.venv.exists():
                 shutil.rmtree(fw.venv)
-            subprocess.run([PYTHON, "-m", "venv", str(fw.venv)], check=True)
-            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as c:
-                c.write("\n".join(fw.lock) + "\n")
-            pip = [str(fw.venv / "bin" / "pip"), "install", "--disable-pip-version-check"]
-            pip += ["-q"] if quiet else []
-            try:
-                subprocess.run([*pip, "-c", c.name, fw.package], check=True)
-            finally:
-                os.unlink(c.name)
+            if fw.installer == "npm":
+                _npm_install(fw, quiet)
+            else:
+                _pip_install(fw, quiet)
             _write_templates(fw)
             _readable(fw.venv)
             (fw.venv / STAMP).write_text(fw.stamp() + "\n")

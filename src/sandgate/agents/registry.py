@@ -104,6 +104,8 @@ BUILTIN: dict[str, Callable[[], AgentSpec]] = {
     "scripted": scripted,
     "hermes": hermes,
     "mini-swe-agent": _framework("mini-swe-agent"),
+    "aider": _framework("aider"),
+    "codex": _framework("codex"),
 }
 
 

@@ -41,11 +41,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+if TYPE_CHECKING:  # imported where used: ~15 ms that a run without events does not pay
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 from sandgate.errors import SandgateError
 from sandgate.events.schema import FIELDS
@@ -94,6 +96,8 @@ def head_path(store: Path) -> Path:
 
 
 def fingerprint(public: Ed25519PublicKey) -> str:
+    from cryptography.hazmat.primitives import serialization
+
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -127,6 +131,9 @@ def _check_private(path: Path) -> None:
 
 
 def load_signer(store: Path) -> Ed25519PrivateKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     """The store's signing key, made on first use."""
     d = keys_dir(store)
     path = d / KEY_NAME
@@ -159,6 +166,9 @@ def load_signer(store: Path) -> Ed25519PrivateKey:
 
 
 def load_public(store: Path) -> Ed25519PublicKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     path = keys_dir(store) / f"{KEY_NAME}.pub"
     try:
         loaded = serialization.load_pem_public_key(path.read_bytes())
@@ -203,6 +213,8 @@ class Checkpoint:
         return _message(self.signed_fields(genesis))
 
     def signed_by(self, public: Ed25519PublicKey, genesis: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
         try:
             public.verify(self.sig, self.message(genesis))
         except InvalidSignature:
@@ -255,6 +267,8 @@ _SLOT = 1024
 
 
 def read_head(store: Path, public: Ed25519PublicKey | None) -> Head | None:
+    from cryptography.exceptions import InvalidSignature
+
     """The newest readable slot of the head record (None: there is no record)."""
     path = head_path(store)
     try:

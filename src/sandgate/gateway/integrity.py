@@ -18,7 +18,6 @@ import os
 import re
 import socket
 import subprocess
-import urllib.request
 from typing import Any, Protocol
 
 from sandgate.net.compile import TABLE
@@ -158,6 +157,8 @@ def alarm(target: str, payload: dict[str, Any]) -> str | None:
     body = json.dumps(payload)
     try:
         if target.startswith(("http://", "https://")):
+            import urllib.request  # ~10 ms (ssl, http.client): only when an alarm is posted
+
             req = urllib.request.Request(
                 target,
                 data=body.encode(),

@@ -120,6 +120,10 @@ class SelfCheck:
         self._lost = 0
         self._stale = False
         self._kernel_pid = -1
+        # Every commit seen (ours and others'): a snapshot's ruleset is reused while this and
+        # the monitor's overruns stay as they were when it was listed (issue 13).
+        self._commits = 0
+        self._listed: tuple[tuple[int, int], str, list[str]] | None = None
 
     # -- the ruleset ------------------------------------------------------------------------------
 
@@ -139,9 +143,9 @@ class SelfCheck:
     def snapshot(self) -> dict[str, Any]:
         """What an agent might change to get online, as the gateway holds it (session drift)."""
         gw = self.gw
-        digest = self._verified_digest()
+        digest, lines = self._ruleset_now()
         return {
-            "ruleset": self.ruleset_lines(),
+            "ruleset": lines,
             "digest": digest,
             "expected": self._expected,
             "resolver": {
@@ -152,6 +156,28 @@ class SelfCheck:
             "proxy": {"cut": gw.proxy.cut},
             "forwarding": gw.plumber.forwarding(),
         }
+
+    def _ruleset_now(self) -> tuple[str, list[str]]:
+        """The digest and lines of the rules as they are now. Listing them costs ~5 ms a
+        snapshot and a session takes two (before, after); with the commit monitor, the last
+        listing is reused when no commit at all (ours or another's) has reached the kernel
+        since: the rules the digest covers change only by a commit, and the kernel queues its
+        notification to our socket before the committer's call returns. Lost notifications
+        (overruns) or no monitor: listed every time."""
+        self._drain()
+        key = (self._commits, self._monitor.overruns) if self._monitor is not None else None
+        if key is not None and self._listed is not None and self._listed[0] == key:
+            _, digest, lines = self._listed
+            if self._stale and not self._foreign:
+                self._expected, self._stale = digest, False
+            return digest, list(lines)
+        digest = self._verified_digest()
+        lines = self.ruleset_lines()
+        self._drain()
+        after = (self._commits, self._monitor.overruns) if self._monitor is not None else None
+        # A commit while we listed: the pair may be half old, half new; not kept.
+        self._listed = (key, digest, lines) if key is not None and after == key else None
+        return digest, list(lines)
 
     def watch_commits(self, loop: asyncio.AbstractEventLoop) -> None:
         """From now on, tell our own commits from others' (call after the first ``note()``).
@@ -182,6 +208,7 @@ class SelfCheck:
         if self._monitor is None:
             return
         for commit in self._monitor.read():
+            self._commits += 1
             if not self._ours(commit.pid):
                 self._foreign.append(f"{commit.name or '?'} (pid {commit.pid})")
         if self._monitor.overruns != self._lost:

@@ -14,8 +14,12 @@ Order of judgement (first match wins):
  3. the guest pool and the host: the own gateway's other ports, other guests and the host the
     gateway runs on are closed (no rule opens them);
  4. private and special-purpose addresses, unless an allow rule names that block or a part of it
-    (an IPv4 address only: for IPv6 such a rule meets step 5);
- 5. IPv6 that is not IPv4-mapped (the gateway routes IPv4 only);
+    (IPv6 only where the uplink has IPv6; never IPv6 link-local or multicast, which no router
+    forwards); IPv6 forms that carry an IPv4 (NAT64, 6to4, Teredo, compatible) are judged by
+    that IPv4 and are never exempted;
+ 5. IPv6 that is not IPv4-mapped: refused where the gateway's uplink has no IPv6
+    (``deny.ipv6``); a transition form of a public IPv4 is refused as such
+    (``deny.ipv6_embedding``: reach the IPv4 itself); other public IPv6 goes on like IPv4;
  6. an allow rule for the address;
  7. QUIC and DNS-over-TLS (they would bypass the proxy and the resolver);
  8. the name (from DNS, SNI, Host or CONNECT): deny and allow rules by domain pattern. A DNS
@@ -63,7 +67,11 @@ class Reason(enum.Enum):
     GATEWAY_PORT = ("deny.gateway", "the gateway answers DNS only")
     LATERAL = ("deny.lateral", "another guest of the gateway")
     HOST = ("deny.host", "the host the gateway runs on")
-    IPV6 = ("deny.ipv6", "the gateway routes IPv4 only")
+    IPV6 = ("deny.ipv6", "the gateway's uplink has no IPv6")
+    IPV6_EMBEDDING = (
+        "deny.ipv6_embedding",
+        "an IPv6 transition form (NAT64, 6to4, Teredo) of an IPv4 address",
+    )
     QUIC = ("deny.quic", "QUIC (udp/443) is refused so HTTPS goes through the proxy")
     DNS_BYPASS = ("deny.dns_bypass", "DNS over TLS/QUIC would bypass the gateway resolver")
     LOCKED = ("deny.locked", "the internet is locked")
@@ -413,13 +421,14 @@ def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> De
         return deny(Reason.HOST, f"{address} is an address of the host the gateway runs on")
 
     cls = classify(address)
+    v6 = address.version == 6  # never IPv4-mapped here: the callers unwrapped those
     if cls.special and not _public_override(profile, address):
         for rule in profile.allow:
             if _exempts(rule, cls, address, port, proto):
-                if address.version == 6:
+                if v6 and not profile.uplink_ipv6:
                     return deny(
                         Reason.IPV6,
-                        f"{address}: {rule.ref} names it, but the gateway routes IPv4 only",
+                        f"{address}: {rule.ref} names it, but {_NO_IPV6}",
                         classification=cls,
                     )
                 return allow(
@@ -428,8 +437,16 @@ def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> De
         name = f" ({attempt.name} resolved here)" if attempt.name else ""
         reason = Reason.REBINDING if attempt.name else Reason.SPECIAL
         return deny(reason, f"{address} is {_describe(cls)}{name}", classification=cls)
-    if address.version == 6:
-        return deny(Reason.IPV6, f"{address}", classification=cls)
+    if v6 and not profile.uplink_ipv6:
+        return deny(Reason.IPV6, f"{address}: {_NO_IPV6}", classification=cls)
+    if cls.via is not None and cls.embedded is not None:
+        # A public IPv4 in a NAT64/6to4/Teredo form: a translator or relay we do not control
+        # would carry it, and the kernel drops these prefixes whole (net/compile.py).
+        return deny(
+            Reason.IPV6_EMBEDDING,
+            f"{address} is the {cls.via.label} form of {cls.embedded}: reach it over IPv4",
+            classification=cls,
+        )
 
     for rule in profile.allow:
         if rule.matches_address(address, port, proto):
@@ -468,6 +485,12 @@ def _public_override(profile: Profile, address: IPAddress) -> bool:
     return any(address.version == n.version and address in n for n in profile.public_override)
 
 
+_NO_IPV6 = "no IPv6 route out, and AAAA answers stay empty"
+# IPv6 scopes no router forwards: link-local (fe80::/10, metadata there included) and
+# multicast. Guest links carry no link-local chatter, so no rule can open them.
+_V6_UNROUTED = (ipaddress.IPv6Network("fe80::/10"), ipaddress.IPv6Network("ff00::/8"))
+
+
 def _exempts(
     rule: Rule, cls: Classification, address: IPAddress, port: int | None, proto: Protocol
 ) -> bool:
@@ -478,6 +501,8 @@ def _exempts(
     """
     net = rule.spec.network
     if net is None or not rule.matches_address(address, port, proto):
+        return False
+    if address.version == 6 and any(address in n for n in _V6_UNROUTED):
         return False
     block = cls.block
     if block is None:

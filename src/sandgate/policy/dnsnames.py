@@ -8,10 +8,10 @@ Order of judgement for a question (first match wins):
  1. ``decide_name()`` denies the name: that decision;
  2. a name the gateway fronts: that decision (the gateway answers it itself, nothing leaves);
  3. a special-use name (``SPECIAL_NAMES``), unless an allow rule names it or a name below it;
- 4. a reverse name (in-addr.arpa) for private or special-purpose space (``classify()``), or
-    any ip6.arpa name (the gateway routes IPv4 only);
+ 4. a reverse name (in-addr.arpa, ip6.arpa) for private or special-purpose space
+    (``classify()``), or any ip6.arpa name where the gateway's uplink has no IPv6;
  5. the question type: zone transfers (AXFR, IXFR) and other meta types are refused, ANY gets
-    RFC 8482's minimal answer, AAAA an empty one (IPv4 only);
+    RFC 8482's minimal answer, AAAA an empty one where the uplink has no IPv6;
  6. otherwise ``decide_name()``'s allow: the question goes upstream.
 
 An upstream answer's aliases (CNAME records) are judged by ``judge_aliases``: a target that is a
@@ -43,6 +43,7 @@ __all__ = [
     "judge_question",
     "judge_reverse",
     "reverse_address",
+    "reverse_address6",
     "special_name",
 ]
 
@@ -138,16 +139,34 @@ def reverse_address(name: str) -> ipaddress.IPv4Address | None:
     return ipaddress.IPv4Address(bytes(octets))
 
 
+def reverse_address6(name: str) -> ipaddress.IPv6Address | None:
+    """The IPv6 address (or, for fewer than 32 nibbles, the start of the block) an ip6.arpa
+    name stands for (RFC 3596 section 2.5). None when the labels are not hex nibbles."""
+    if name == _IP6[1:]:
+        return ipaddress.IPv6Address(0)
+    parts = name[: -len(_IP6)].split(".")
+    if len(parts) > 32 or not all(len(p) == 1 and p in "0123456789abcdef" for p in parts):
+        return None
+    nibbles = "".join(reversed(parts)).ljust(32, "0")
+    return ipaddress.IPv6Address(int(nibbles, 16))
+
+
 def judge_reverse(profile: Profile, name: str) -> Decision | None:
     """A refusal for a reverse name that would map private or special-purpose space through the
     upstream's PTR records; None for a name that is not one (or points at public space)."""
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address | None
     if name.endswith(_IP6) or name == _IP6[1:]:
-        return deny(Reason.IPV6, f"{name}: no IPv6 is routed, nothing to look up")
-    if not name.endswith(_IN_ADDR):
+        if not profile.uplink_ipv6:
+            return deny(Reason.IPV6, f"{name}: the gateway's uplink has no IPv6")
+        address = reverse_address6(name)
+        if address is None:
+            return deny(Reason.SPECIAL, f"{name} is not the reverse name of an IPv6 address")
+    elif not name.endswith(_IN_ADDR):
         return None
-    address = reverse_address(name)
-    if address is None:
-        return deny(Reason.SPECIAL, f"{name} is not the reverse name of an IPv4 address")
+    else:
+        address = reverse_address(name)
+        if address is None:
+            return deny(Reason.SPECIAL, f"{name} is not the reverse name of an IPv4 address")
     cls = classify(address)
     public = any(address.version == n.version and address in n for n in profile.public_override)
     if cls.special and not public:
@@ -168,15 +187,15 @@ _QTYPE_ROWS: tuple[tuple[int, str, Reason, str], ...] = (
 _QTYPES = {number: (mnemonic, reason) for number, mnemonic, reason, _ in _QTYPE_ROWS}
 
 
-def _judge_qtype(name: str, qtype: int) -> Decision | None:
+def _judge_qtype(profile: Profile, name: str, qtype: int) -> Decision | None:
     known = _QTYPES.get(qtype)
     if known is not None:
         mnemonic, reason = known
         return deny(reason, f"{mnemonic} {name}")
     if 128 <= qtype <= 255:  # TKEY, TSIG, MAILB, MAILA and unassigned meta types
         return deny(Reason.DNS_META, f"type {qtype} {name}")
-    if qtype == QTYPE_AAAA:
-        return deny(Reason.IPV6, f"AAAA {name}: the gateway routes IPv4 only")
+    if qtype == QTYPE_AAAA and not profile.uplink_ipv6:
+        return deny(Reason.IPV6, f"AAAA {name}: the gateway's uplink has no IPv6")
     return None
 
 
@@ -191,7 +210,7 @@ def judge_question(profile: Profile, name: str, qtype: int) -> Decision:
     return (
         _special(decision, name, "")
         or judge_reverse(profile, name)
-        or _judge_qtype(name, qtype)
+        or _judge_qtype(profile, name, qtype)
         or decision
     )
 

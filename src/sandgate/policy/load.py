@@ -118,6 +118,7 @@ class Policy:
         guest_pool: IPNetwork | None = None,
         host_addresses: tuple[IPAddress, ...] = (),
         ask: bool = False,
+        uplink_ipv6: bool = False,
     ) -> Profile:
         """The effective profile for one guest, with the run's overrides applied.
 
@@ -161,6 +162,7 @@ class Policy:
             guest_pool=guest_pool or self.file.gateway.pool,
             host_addresses=host_addresses,
             gateway_address=gateway_address,
+            uplink_ipv6=uplink_ipv6,
             fronts=tuple(Front(f.name, *front_upstream(f.upstream)) for f in spec.front),
             expose=tuple(
                 Expose(e.port, e.networks, f"expose[{i}]")

@@ -95,6 +95,9 @@ class Profile:
     guest_pool: IPNetwork = field(default_factory=lambda: ipaddress.ip_network("10.201.0.0/16"))
     gateway_address: IPAddress | None = None  # the guest's own gateway, when known
     host_addresses: tuple[IPAddress, ...] = ()  # the host the gateway runs on, when known
+    # The gateway's uplink has IPv6, so guests get routed IPv6 egress (issue 14 part 5). Wiring,
+    # like the gateway address: the daemon (or the test world) says so; no policy file can.
+    uplink_ipv6: bool = False
     fronts: tuple[Front, ...] = ()
     expose: tuple[Expose, ...] = ()  # inbound forwards to this profile's guest
     tunnel_idle: float = 300.0

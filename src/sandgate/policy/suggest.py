@@ -70,7 +70,7 @@ UNLIFTABLE = {
     "deny.host": "the host the gateway runs on",
     "deny.quic": "QUIC is refused so HTTPS goes through the proxy",
     "deny.dns_bypass": "DNS over TLS would bypass the gateway's resolver",
-    "deny.ipv6": "the gateway routes IPv4 only",
+    "deny.ipv6": "the gateway's uplink has no IPv6",
     "deny.fronting": "domain fronting",
     "deny.exfiltration": "a placeholder credential sent to another host",
     "deny.protocol": "the request broke its protocol",

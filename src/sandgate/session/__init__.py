@@ -13,4 +13,5 @@ __all__ = [
     "stack",
     "suite",
     "tasks",
+    "timings",
 ]

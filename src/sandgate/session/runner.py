@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandgate import cleanup
 from sandgate.errors import SandboxError, SandgateError
@@ -42,8 +42,10 @@ from sandgate.sandbox.tree import compare
 from sandgate.sandbox.workspace import WorkspaceSpec, stray_files
 from sandgate.session import drift, evidence, modeluse
 from sandgate.session.stack import Stack, stack_for
-from sandgate.vm import launch as vm_launch
-from sandgate.vm.launch import VmOptions
+from sandgate.session.timings import Timings
+
+if TYPE_CHECKING:  # QEMU guests' module is imported by the runs that use one (issue 13)
+    from sandgate.vm.launch import VmOptions
 
 UID_BASE = 61000
 
@@ -81,6 +83,7 @@ class RunOptions:
     limits: Limits = field(default_factory=Limits)
     vm: VmOptions | None = None  # --vm: the command runs in a QEMU guest on the same link
     ask: bool = False  # --ask: a name the allowlist refuses waits for `sandgate approve`
+    timings: Timings = field(default_factory=Timings)  # --timings: each phase, wall and CPU
 
 
 @dataclass
@@ -116,20 +119,31 @@ def signals_raise() -> Iterator[None]:
 
 def run(opts: RunOptions) -> RunResult:
     """Bring up (or find) a gateway, run one session in it, tear down what we brought up."""
-    preflight()
+    t = opts.timings
+    with t.phase("preflight"):
+        preflight()
     # Validate the policy before anything is built: a broken file changes nothing.
-    if opts.policy is not None or opts.world is None:
-        load_policy(opts.policy)
+    with t.phase("policy check"):
+        if opts.policy is not None or opts.world is None:
+            load_policy(opts.policy)
     if opts.vm is not None:
+        from sandgate.vm import launch as vm_launch
+
         vm_launch.preflight(opts.vm)  # QEMU there, the guest built (once): before any stack
-    with signals_raise(), stack_for(opts.world, opts.instance, opts.store, opts.policy) as stack:
+    with signals_raise(), contextlib.ExitStack() as exits:
+        with t.phase("gateway (find or bring up)"):
+            stack = exits.enter_context(
+                stack_for(opts.world, opts.instance, opts.store, opts.policy)
+            )
         return run_in(stack, opts)
 
 
 def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     """One session on an existing stack: create, snapshot, run, collect, snapshot, tear down."""
+    t = opts.timings
     sid = new_session_id()
-    store = Store(opts.store) if opts.store else Store()
+    with t.phase("store open"):
+        store = Store(opts.store) if opts.store else Store()
     keep = session_dir(sid, opts.store)
     uid = opts.uid or UID_BASE
     exit_code, message = 1, None
@@ -142,6 +156,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
+    if opts.vm is not None:
+        from sandgate.vm import launch as vm_launch
     vm = vm_launch.preflight(opts.vm) if opts.vm is not None else None
     if vm is not None and opts.vm is not None:
         start_details["vm"] = vm_launch.details(vm[1], opts.vm, vm[0])
@@ -150,14 +166,21 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             f"attempts are attributed {vm_launch.ATTRIBUTION}\n"
         )
     try:
-        box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space)
-        cleanup.own(box.netns)
-        guest = _add_guest(stack, box, sid, opts, uid)
-        _noexec(stack, box, guest, opts)
-        spec = _spec(stack, box, guest, opts, uid)
-        cgroup = _cgroup(stack, sid, guest, opts)
-        start_details["limits"] = cgroup.as_json()
-        before, _ = _snapshot(stack, box)
+        with t.phase("workspace (netns, dirs, tmpfs)"):
+            box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space)
+            cleanup.own(box.netns)
+        with t.phase("control add_guest") as ph:
+            guest = _add_guest(stack, box, sid, opts, uid)
+            ph.steps = dict(guest.get("timing_ms") or {})
+        with t.phase("noexec, sandbox files"):
+            _noexec(stack, box, guest, opts)
+            spec = _spec(stack, box, guest, opts, uid)
+        with t.phase("cgroup"):
+            cgroup = _cgroup(stack, sid, guest, opts)
+            start_details["limits"] = cgroup.as_json()
+        with t.phase("drift snapshot before"):
+            before, _ = _snapshot(stack, box)
+        t_row = t.begin("session row")
         store.session_start(
             sid,
             mode=guest["mode"],
@@ -170,7 +193,9 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             details=start_details or None,
         )
         keep.mkdir(parents=True, exist_ok=True)
+        t_row.end()
         started_at = time.time()
+        t_exec = t.begin("sandbox exec")
         try:
             if vm is not None and opts.vm is not None:
                 exit_code = vm_launch.run(
@@ -202,6 +227,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             if opts.vm is None:
                 raise
             exit_code, message = 125, str(exc)  # the VM did not boot or run the command
+        finally:
+            t_exec.end()
         if not stack.gateway.alive():
             message = (
                 "the gateway died during the session; the sandbox had no way out (fail closed)"
@@ -212,30 +239,40 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         exit_code, message = 143, exc.message
     finally:
         try:
-            if box is not None:
-                box.kill()
-            if cgroup is not None:
-                usage = cgroup.usage()
-                cgroup.remove()  # kills what is left of the sandbox's processes, then rmdir
-                cleanup.disown(cgroup.name)
+            with t.phase("teardown: kill, cgroup"):
+                if box is not None:
+                    box.kill()
+                if cgroup is not None:
+                    usage = cgroup.usage()
+                    cgroup.remove()  # kills what is left of the sandbox's processes, then rmdir
+                    cleanup.disown(cgroup.name)
             quiet_since = time.time()  # nothing of the guest's runs any more
             if guest is not None and box is not None:
-                try:
-                    findings = _findings(stack, box, keep, before, set(box.bound))
-                except Exception as exc:  # a finding we cannot make must not keep the box
-                    findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
+                with t.phase("findings (drift snapshot after, writes)"):
+                    try:
+                        findings = _findings(stack, box, keep, before, set(box.bound))
+                    except Exception as exc:  # a finding we cannot make must not keep the box
+                        findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
             if guest is not None:
-                with contextlib.suppress(SandgateError), stack.gateway.client() as ctl:
-                    counters = ctl.call(
+                with (
+                    t.phase("control remove_guest (log settle)") as ph,
+                    contextlib.suppress(SandgateError),
+                    stack.gateway.client() as ctl,
+                ):
+                    removed = ctl.call(
                         "remove_guest", guest=guest["guest"], quiet_since=quiet_since
-                    ).get("counters", {})
+                    )
+                    counters = removed.get("counters", {})
+                    ph.steps = dict(removed.get("timing_ms") or {})
         finally:
-            if box is not None:
-                box.destroy()
-                cleanup.disown(box.netns)
+            with t.phase("teardown: netns, dirs"):
+                if box is not None:
+                    box.destroy()
+                    cleanup.disown(box.netns)
     if guest is None:
         store.close()
         raise SandgateError(message or "the sandbox could not be started")
+    t_report = t.begin("report (store, claims, OCSF)")
     facts = findings.pop(FILE_FACTS, None)
     hits: list[dict[str, Any]] = []
     if cgroup is not None and usage is not None:
@@ -268,9 +305,11 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     export_ocsf(keep / OCSF_FILE, store.events_with_ids(session=sid))
     report = build_report(store.session(sid), store.events(session=sid), counters)
     store.close()
+    t_report.end()
     if opts.notify:
         notify(opts.notify, {"event": "session-end", **report_summary(report)})
-    _retain(opts.store, sid)
+    with t.phase("retention"):
+        _retain(opts.store, sid)
     return RunResult(sid, exit_code, report, message)
 
 

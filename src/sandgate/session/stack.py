@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from sandgate import cleanup, pids
-from sandgate.agents.frameworks import world_script
 from sandgate.errors import SandgateError
 from sandgate.gateway import manage
 from sandgate.gateway.config import GatewayConfig, run_dir
@@ -93,7 +92,7 @@ def bring_up(
         tw = TestWorld(
             name,
             on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid),
-            model_script=world_script(),
+            model_script=_world_script(),
             real_model=real_model,
         )
     handle: GatewayHandle | None = None
@@ -115,6 +114,12 @@ def bring_up(
         cleanup.disown(f"instance-{name}")
         raise
     return Stack(name, handle, info, owned=True, _world=tw, config=config, env=env)
+
+
+def _world_script() -> Any:
+    from sandgate.agents.frameworks import world_script  # only when a world is brought up
+
+    return world_script()
 
 
 def find_stack(instance: str) -> Stack | None:

@@ -1,3 +1,4 @@
-"""VM guests: the built-in guest image, the accelerator, QEMU's command line and its process."""
+"""VM guests: the built-in guest image, a user's own disk, the accelerator, QEMU's command line
+and its process."""
 
-__all__ = ["accel", "image", "launch", "qemu"]
+__all__ = ["accel", "disk", "image", "launch", "qemu"]

@@ -91,10 +91,12 @@ def _module_name(path: str) -> str:
     return re.sub(r"\.ko(\.(xz|zst|gz))?$", "", base).replace("-", "_")
 
 
-def _scan_modules(mods: Path) -> tuple[dict[str, Path], dict[str, list[str]]]:
+def _scan_modules(
+    mods: Path, wanted: tuple[str, ...] = MODULES
+) -> tuple[dict[str, Path], dict[str, list[str]]]:
     paths = {_module_name(p.name): p for p in mods.rglob("*.ko*")}
     deps: dict[str, list[str]] = {}
-    for name in _needed(paths, MODULES):
+    for name in _needed(paths, wanted):
         deps[name] = read_depends(paths[name].read_bytes())
     return paths, deps
 
@@ -167,38 +169,82 @@ def ensure(root: Path = VM_ROOT, force: bool = False, say: bool = True) -> Guest
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sandgate-vm-") as tmp:
         work = Path(tmp)
-        _run(["apt-get", "download", "-q", package], "apt-get download", cwd=work)
-        debs = list(work.glob("linux-image-*.deb"))
-        if not debs:
-            raise SetupError(f"apt-get download {package} gave no .deb", "check apt's sources")
-        tree = work / "kernel"
-        _run(["dpkg", "-x", str(debs[0]), str(tree)], "dpkg -x")
-        kernels = sorted((tree / "boot").glob("vmlinuz-*"))
-        if not kernels:
-            raise SetupError(f"{package} holds no /boot/vmlinuz-*", "check the package name")
-        kver = kernels[-1].name.removeprefix("vmlinuz-")
-        mods = tree / "lib" / "modules" / kver
-        paths, deps = _scan_modules(mods)
-        order = [paths[name] for name in module_order(deps)]
-        initrd = work / "initrd"
-        _initramfs_tree(initrd, order, kver)
         out = root / f"{release}-{build_key()}"
-        staging = root / f".{out.name}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        shutil.copyfile(kernels[-1], staging / "vmlinuz")
-        _cpio(initrd, staging / "initrd.gz")
-        for f in staging.iterdir():
-            os.chmod(f, 0o644)
-        os.chmod(staging, 0o755)
-        shutil.rmtree(out, ignore_errors=True)
-        staging.rename(out)
+        _build(work, package, out, MODULES, init_script())
     if say:
         sys.stderr.write(f"sandgate: VM guest ready in {out}\n")
     return GuestImage(out / "vmlinuz", out / "initrd.gz", release)
 
 
-def _initramfs_tree(dest: Path, order: list[Path], kver: str) -> None:
+# A kernel + initrd that boots a root disk (``root=/dev/vda``): the "user's own" kernel and
+# initrd of ``--vm --image`` tests, from the same Debian package (none can be downloaded here).
+DISK_MODULES = ("virtio_pci", "virtio_blk", "virtio_net", "crc32c_generic", "ext4", "isofs")
+DISK_INIT = """#!/bin/sh
+# Loads the disk's modules, mounts root= and hands over to its /sbin/init.
+export PATH=/bin
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t devtmpfs dev /dev
+for m in $(cat /lib/modules/order); do insmod "/lib/modules/$m"; done
+root=/dev/vda
+for w in $(cat /proc/cmdline); do case "$w" in root=*) root="${w#root=}";; esac; done
+i=0; while [ ! -b "$root" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+mount -o rw "$root" /newroot || { echo "initrd: cannot mount $root"; poweroff -f; }
+umount /proc
+exec switch_root /newroot /sbin/init
+"""
+
+
+def disk_boot_key() -> str:
+    return hashlib.sha256((DISK_INIT + "\n".join(DISK_MODULES)).encode()).hexdigest()[:10]
+
+
+def ensure_disk_boot(root: Path = VM_ROOT) -> GuestImage:
+    """A Debian kernel and a busybox initrd that mounts ``root=`` and runs its /sbin/init."""
+    found = sorted(root.glob(f"disk-*-{disk_boot_key()}/initrd.gz"))
+    if found:
+        folder = found[-1].parent
+        return GuestImage(folder / "vmlinuz", folder / "initrd.gz", folder.name.split("-", 1)[1])
+    package = current_package()
+    release = package.removeprefix("linux-image-")
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"disk-{release}-{disk_boot_key()}"
+    with tempfile.TemporaryDirectory(prefix="sandgate-vm-") as tmp:
+        _build(Path(tmp), package, out, DISK_MODULES, DISK_INIT)
+    return GuestImage(out / "vmlinuz", out / "initrd.gz", release)
+
+
+def _build(work: Path, package: str, out: Path, wanted: tuple[str, ...], init: str) -> None:
+    """Download the kernel package, unpack it, and write ``out``/{vmlinuz,initrd.gz}."""
+    _run(["apt-get", "download", "-q", package], "apt-get download", cwd=work)
+    debs = list(work.glob("linux-image-*.deb"))
+    if not debs:
+        raise SetupError(f"apt-get download {package} gave no .deb", "check apt's sources")
+    tree = work / "kernel"
+    _run(["dpkg", "-x", str(debs[0]), str(tree)], "dpkg -x")
+    kernels = sorted((tree / "boot").glob("vmlinuz-*"))
+    if not kernels:
+        raise SetupError(f"{package} holds no /boot/vmlinuz-*", "check the package name")
+    kver = kernels[-1].name.removeprefix("vmlinuz-")
+    mods = tree / "lib" / "modules" / kver
+    paths, deps = _scan_modules(mods, wanted)
+    # A module the kernel has built in is not there to load (crc32c, say): only the rest.
+    order = [paths[name] for name in module_order(deps, tuple(w for w in wanted if w in paths))]
+    initrd = work / "initrd"
+    _initramfs_tree(initrd, order, kver, init)
+    staging = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    shutil.copyfile(kernels[-1], staging / "vmlinuz")
+    _cpio(initrd, staging / "initrd.gz")
+    for f in staging.iterdir():
+        os.chmod(f, 0o644)
+    os.chmod(staging, 0o755)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+
+
+def _initramfs_tree(dest: Path, order: list[Path], kver: str, init: str) -> None:
     for d in ("bin", "dev", "proc", "sys", "host", "sg", "newroot", "lib/modules"):
         (dest / d).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(BUSYBOX, dest / "bin" / "busybox")
@@ -213,7 +259,7 @@ def _initramfs_tree(dest: Path, order: list[Path], kver: str) -> None:
         names.append(name)
     (dest / "lib" / "modules" / "order").write_text("\n".join(names) + "\n")
     (dest / "lib" / "modules" / "release").write_text(kver + "\n")
-    (dest / "init").write_text(init_script())
+    (dest / "init").write_text(init)
     os.chmod(dest / "init", 0o755)
 
 
@@ -245,3 +291,4 @@ def _run(argv: list[str], what: str, cwd: Path | None = None) -> subprocess.Comp
 
 if __name__ == "__main__":  # ./setup.sh test: build the guest once (a no-op when it is there)
     ensure()
+    ensure_disk_boot()  # the --vm --image tests' "user's" kernel and initrd

@@ -34,8 +34,8 @@ from sandgate.errors import NetError, SandboxError, SetupError
 from sandgate.net import ns
 from sandgate.net.links import guest_mac
 from sandgate.sandbox import bwrap
-from sandgate.sandbox.launch import Sandbox, _pump, proxy_env
-from sandgate.vm import accel, image, qemu
+from sandgate.sandbox.launch import SYSTEM_BUNDLE, Sandbox, _pump, proxy_env
+from sandgate.vm import accel, disk, image, qemu
 
 BRIDGE, TAP = "br0", "tap0"
 MUTE_TABLE = "sandgate_vm"
@@ -52,6 +52,7 @@ class VmOptions:
     nic: NicMode = "tap"
     as_uid: bool = False  # run the command as the session's uid, not as root in the guest
     boot_timeout: float = BOOT_TIMEOUT
+    image: disk.ImageOptions | None = None  # --image: the user's own disk, not the built-in guest
 
 
 def preflight(opts: VmOptions) -> tuple[image.GuestImage, accel.Accel]:
@@ -61,6 +62,19 @@ def preflight(opts: VmOptions) -> tuple[image.GuestImage, accel.Accel]:
             f"--vm needs QEMU ({qemu.QEMU} is not installed)",
             "apt-get install --no-install-recommends qemu-system-x86 (or ./setup.sh test)",
         )
+    if opts.image is not None:
+        if opts.nic != "tap":
+            raise SetupError("--image boots with its NIC on the tap", "drop --nic none")
+        if opts.as_uid:
+            raise SetupError("--uid is not for --image: its users are its own", "drop --uid")
+        info = disk.check(opts.image)
+        own = image.GuestImage(
+            opts.image.kernel or info.path,
+            opts.image.initrd or info.path,
+            f"own image {info.path.name} ({info.format}"
+            + (", its own bootloader)" if opts.image.kernel is None else ", --kernel)"),
+        )
+        return own, accel.detect()
     if opts.nic not in ("tap", "none"):
         raise SetupError(f"unknown --nic {opts.nic!r}", "use --nic tap or --nic none")
     if opts.nic == "none" and shutil.which("nc") is None:
@@ -142,7 +156,9 @@ def job_for(box: Sandbox, spec: bwrap.SandboxSpec, opts: VmOptions) -> qemu.Job:
 
 
 def details(a: accel.Accel, opts: VmOptions, guest_image: image.GuestImage) -> dict[str, Any]:
+    own = {} if opts.image is None else {"image": str(opts.image.disk.absolute())}
     return {
+        **own,
         "accel": a.name,
         "accel_why": a.why,
         "nic": opts.nic,
@@ -167,6 +183,9 @@ def run(
 ) -> int:
     """Boot the VM, run the command in it, return its exit status (124: out of time, 143:
     stopped). The QEMU process is ``box.proc``, so ``box.kill()`` ends it."""
+    if opts.image is not None:
+        return _run_image(box, spec, guest, opts, opts.image, a, timeout, stop, capture, echo,
+                          prefix)  # fmt: skip
     # QEMU, once dropped to the uid, must open the share's root (0711 for namespace guests).
     os.chown(box.dir, 0, spec.uid)
     os.chmod(box.dir, 0o750)
@@ -248,6 +267,107 @@ def run(
             "the VM guest stopped without running the command: " + " / ".join(tail),
             f"see its console log {console}",
         ) from None
+
+
+def _run_image(
+    box: Sandbox,
+    spec: bwrap.SandboxSpec,
+    guest: dict[str, Any],
+    opts: VmOptions,
+    own: disk.ImageOptions,
+    a: accel.Accel,
+    timeout: float | None,
+    stop: threading.Event | None,
+    capture: Path | None,
+    echo: bool,
+    prefix: list[str] | None,
+) -> int:
+    """--image: the user's disk behind a temporary overlay, told what to do by a NoCloud seed."""
+    info = disk.check(own)
+    vmdir = box.dir / "vm"
+    vmdir.mkdir(mode=0o700, exist_ok=True)
+    os.chown(vmdir, spec.uid, spec.uid)
+    mac = str(guest.get("mac") or guest_mac(int(guest["index"])))
+    bundle = spec.files.get(str(SYSTEM_BUNDLE))  # system trust + the gateway's CA
+    env = {k: v for k, v in spec.env.items() if k not in ("PATH", "HOME", "USER", "LOGNAME")}
+    seed = disk.Seed(
+        mac,
+        f"{guest['address']}/30",
+        str(guest["gateway"]),
+        str(guest["gateway"]),
+        tuple(spec.command),
+        env,
+        Path(bundle).read_bytes() if bundle is not None else b"",
+    )
+    overlay = vmdir / "overlay.qcow2"
+    console = (capture.parent if capture is not None else vmdir) / "vm-console.log"
+    status = vmdir / "status.log"
+    try:
+        disk.create_overlay(info, overlay)
+        seed_iso = disk.build_seed(disk.seed_files(seed, box.session), vmdir / "seed", vmdir
+                                   / "seed.iso")  # fmt: skip
+        wire_tap(box.netns, spec.uid)
+        vm = qemu.VmSpec(
+            box.session,
+            own.kernel,
+            own.initrd,
+            box.dir,
+            spec.workdir.resolve(),
+            a,
+            qemu.Nic(TAP, mac, seed.address, seed.gateway),
+            spec.uid,
+            drives=qemu.Drives(overlay, seed_iso, status, info.root),
+        )
+        argv = [*(prefix or []), *ns.nsenter_argv(box.netns), *qemu.argv(vm, console)]
+        box.proc = subprocess.Popen(
+            argv,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        cleanup.add_pid(f"vm-{box.session}", box.proc.pid)
+        box.output = capture
+        out = capture or vmdir / "output.log"
+        pump = threading.Thread(target=_pump, args=(box.proc, out, echo), name="vm-out",
+                                daemon=True)  # fmt: skip
+        pump.start()
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        seeded = False
+        try:
+            while True:
+                try:
+                    box.proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if stop is not None and stop.is_set():
+                    return 143
+                if deadline is not None and now >= deadline:
+                    return 124
+                if not seeded:
+                    seeded = disk.SEED_MARK in _read(status)
+                    if not seeded and now - started > opts.boot_timeout:
+                        raise disk.no_seed_error(_read(console), opts.boot_timeout, own, console)
+        finally:
+            _end(box)
+            pump.join(timeout=5)
+            cleanup.forget_pids(f"vm-{box.session}")
+    finally:
+        # The overlay holds whatever the guest wrote: it goes now, not with the session's disk.
+        with contextlib.suppress(FileNotFoundError):
+            overlay.unlink()
+    code = disk.exit_status(_read(status))
+    if code is None:
+        if disk.SEED_MARK not in _read(status):
+            raise disk.no_seed_error(_read(console), opts.boot_timeout, own, console)
+        raise SandboxError(
+            "the image ran the seed but stopped before the command's exit status",
+            f"see its console log {console}",
+        )
+    return code
 
 
 def _end(box: Sandbox) -> None:

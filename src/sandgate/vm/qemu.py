@@ -58,16 +58,33 @@ class Channel:
 
 
 @dataclass(frozen=True)
+class Drives:
+    """--image: the user's disk (as its overlay) and the NoCloud seed, in place of the 9p
+    shares; a third serial port carries the seed's marks and the exit status."""
+
+    overlay: Path
+    seed: Path
+    status_log: Path
+    root: str  # root= when booted with the user's --kernel
+
+
+@dataclass(frozen=True)
 class VmSpec:
     session: str
-    kernel: Path
-    initrd: Path
+    kernel: Path | None  # None: the --image disk boots its own bootloader
+    initrd: Path | None
     share: Path  # the session's folder: home, scratch, etc (9p tag "sg")
     workdir: Path  # /work (9p tag "work"): the session's own or the user's --workdir
     accel: Accel
     nic: Nic | Channel | None  # None: no network device at all
     runas: int | None = None  # QEMU drops to this uid:gid once it has opened its files
     memory_mb: int = MEMORY_MB
+    drives: Drives | None = None  # --image; kernel/initrd then the user's, or None: its own
+
+
+def image_cmdline(root: str) -> str:
+    """The user's kernel's command line: its root disk, the console, three serial ports."""
+    return f"root={root} console=ttyS0 panic=-1 8250.nr_uarts=3"
 
 
 def kernel_cmdline(nic: Nic | Channel | None) -> str:
@@ -96,12 +113,12 @@ def argv(spec: VmSpec, console_log: Path) -> list[str]:
         "1",
         "-m",
         str(spec.memory_mb),
-        "-kernel",
-        str(spec.kernel),
-        "-initrd",
-        str(spec.initrd),
-        "-append",
-        kernel_cmdline(spec.nic),
+    ]
+    d = spec.drives
+    if spec.kernel is not None and spec.initrd is not None:
+        cmdline = kernel_cmdline(spec.nic) if d is None else image_cmdline(d.root)
+        out += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", cmdline]
+    out += [
         "-chardev",
         f"file,id=con,path={console_log}",
         "-serial",
@@ -110,13 +127,27 @@ def argv(spec: VmSpec, console_log: Path) -> list[str]:
         "stdio,id=out,signal=off",
         "-serial",
         "chardev:out",
-        "-virtfs",
-        "local,path=/,mount_tag=host,security_model=none,readonly=on",
-        "-virtfs",
-        f"local,path={spec.share},mount_tag=sg,security_model=none",
-        "-virtfs",
-        f"local,path={spec.workdir},mount_tag=work,security_model=none",
     ]
+    if d is None:
+        out += [
+            "-virtfs",
+            "local,path=/,mount_tag=host,security_model=none,readonly=on",
+            "-virtfs",
+            f"local,path={spec.share},mount_tag=sg,security_model=none",
+            "-virtfs",
+            f"local,path={spec.workdir},mount_tag=work,security_model=none",
+        ]
+    else:
+        out += [
+            "-chardev",
+            f"file,id=status,path={d.status_log}",
+            "-serial",
+            "chardev:status",
+            "-drive",
+            f"file={d.overlay},format=qcow2,if=virtio,cache=unsafe",
+            "-drive",
+            f"file={d.seed},format=raw,if=virtio,readonly=on",
+        ]
     if spec.nic is None:
         out += ["-nic", "none"]
     elif isinstance(spec.nic, Channel):

@@ -25,13 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandgate.gateway.proxy.ca import CA, make_ca, write_pair
 from sandgate.net import ns
 from sandgate.net.links import Uplink
 from sandgate.world.fixtures import build_fixtures
 from sandgate.world.servers.launch import Running, start
+
+if TYPE_CHECKING:
+    from sandgate.gateway.proxy.ca import CA
 
 LAN = ipaddress.IPv4Network("10.77.0.0/24")
 ROUTER = "10.77.0.1"
@@ -155,6 +157,8 @@ class TestWorld:
             ns.create(name)
             self.namespaces.append(name)
         self._wire(lan, wan, model, nas)
+        from sandgate.gateway.proxy.ca import make_ca, write_pair  # cryptography: up, not run
+
         ca = make_ca(f"sandgate test world {self.instance}", days=30)
         ca_dir = self.base / "ca"
         write_pair(ca_dir, "ca", ca.cert_pem, ca.key_pem)

@@ -13,8 +13,9 @@ What is decided is policy/'s (``policy.dnsnames.judge_question`` and ``judge_ali
 - a refused name (a deny rule, a special-use name, a reverse name of private space) gets
   NXDOMAIN carrying an Extended DNS Error (RFC 8914, code 15 "Blocked") whose text is the
   reason key, so ``dig`` shows why;
-- AAAA questions get an empty answer: the gateway routes IPv4 only, and an empty answer makes
-  clients use IPv4 at once instead of timing out on IPv6;
+- AAAA questions get an empty answer where the uplink has no IPv6 (an empty answer makes
+  clients use IPv4 at once instead of timing out on IPv6); where it has, AAAA records are
+  judged like A records;
 - ANY gets RFC 8482's minimal answer (one HINFO "RFC8482"), never the name's records;
 - zone transfers and other meta types get REFUSED (EDE 21 "Not Supported"), and go nowhere;
 - an upstream answer whose addresses the policy refuses for that name (a public name pointing
@@ -183,9 +184,12 @@ def judge_answer(
     q: Question,
     upstream: bytes,
     check: Callable[[ipaddress.IPv4Address], str | None],
+    check6: Callable[[ipaddress.IPv6Address], str | None] | None = None,
 ) -> Answer:
-    """Apply ``check`` (address -> reason key if refused) to every A record of the answer."""
-    fast = _fast_answer(upstream)
+    """Apply ``check`` (address -> reason key if refused) to every A record of the answer, and
+    ``check6`` (given where the gateway's uplink has IPv6) to every AAAA record; without it
+    AAAA records are removed unseen, whatever was asked."""
+    fast = _fast_answer(upstream)  # A, CNAME and SOA only: an AAAA record takes the long path
     if fast is not None:
         raw_addresses, fast_ttl, fast_rcode, fast_aliases = fast
         shown: list[str] = []
@@ -207,23 +211,27 @@ def judge_answer(
     addresses: list[str] = []
     aliases: set[tuple[str, str]] = set()
     ttl = 2**31
+    kept = (A,) if check6 is None else (A, AAAA)  # the address records judged and passed on
     for rrset in resp.answer:
         if rrset.rdtype == CNAME:  # of any class: an odd one is judged, not passed unseen
             aliases.update((_text(rrset.name), _text(rdata.target)) for rdata in rrset)
-        if rrset.rdtype == A and rrset.rdclass != dns.rdataclass.IN:
+        if rrset.rdtype in kept and rrset.rdclass != dns.rdataclass.IN:
             # Not an address record (dnspython keeps it as opaque data): refuse the answer
             # rather than fail on it.
             return Answer(servfail(q, "bad upstream answer"), (), 0, dns.rcode.SERVFAIL)
-        if rrset.rdtype == A:
+        if rrset.rdtype in kept:
             ttl = min(ttl, rrset.ttl)
             for rdata in rrset:
-                address = ipaddress.IPv4Address(rdata.address)
-                refused = check(address)
+                addr = ipaddress.ip_address(rdata.address)
+                if isinstance(addr, ipaddress.IPv4Address):
+                    refused = check(addr)
+                else:  # AAAA records are kept only with check6
+                    refused = check6(addr) if check6 is not None else "deny.ipv6"
                 if refused is not None:
                     wire = blocked(q, refused, code=EDE_FILTERED)
-                    return Answer(wire, (), 0, dns.rcode.NXDOMAIN, refused, str(address))
-                addresses.append(str(address))
-    if q.qtype == AAAA or any(r.rdtype == AAAA for r in resp.answer):
+                    return Answer(wire, (), 0, dns.rcode.NXDOMAIN, refused, str(addr))
+                addresses.append(str(addr))
+    if check6 is None and (q.qtype == AAAA or any(r.rdtype == AAAA for r in resp.answer)):
         resp.answer = [r for r in resp.answer if r.rdtype != AAAA]
     ttl = 0 if ttl == 2**31 else ttl
     return Answer(

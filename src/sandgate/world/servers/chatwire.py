@@ -4,7 +4,7 @@ Script file (`--script FILE.json`) schema::
 
     {
       "conversations": [
-        {"match": "task-42",                      # substring of the first user message
+        {"match": "task-42",                      # substring of a user message
          "turns": [                               # turn k answers a chat holding k assistant turns
            {"tool_calls": [{"name": "shell", "arguments": {"cmd": "ls"}}]},
            {"content": "All done."}
@@ -15,9 +15,11 @@ Script file (`--script FILE.json`) schema::
 
 A turn has `content` (string or null) and/or `tool_calls` (each `name`, `arguments` as
 object or JSON string, optional `id`), and optionally `finish_reason`. The first
-conversation whose `match` occurs in the first user message wins; once its turns are used
-up the reply is `SCRIPT_DONE`. With no match (or no script) the reply echoes the last
-user message: `echo: <text>`. Everything here is deterministic except `created` and ids.
+conversation whose `match` occurs in a user message wins (the first such message: a framework
+may send made-up example exchanges before the task), and its turn k answers a chat holding k
+assistant turns after that message; once its turns are used up the reply is `SCRIPT_DONE`.
+With no match (or no script) the reply echoes the last user message: `echo: <text>`.
+Everything here is deterministic except `created` and ids.
 """
 
 from __future__ import annotations
@@ -126,13 +128,23 @@ def _from_turn(turn: Turn, match: str | None, number: int | None, kind: str) -> 
     return Reply(content, calls, finish, match, number, kind)
 
 
+def _first_user_with(messages: list[dict[str, Any]], match: str) -> int | None:
+    for i, m in enumerate(messages):
+        if m.get("role") == "user" and match in _text(m.get("content")):
+            return i
+    return None
+
+
 def choose_reply(script: Script | None, messages: list[dict[str, Any]]) -> Reply:
     """The scripted (or echoed) assistant turn that answers `messages`."""
     users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
     if script is not None and users:
-        assistant_turns = sum(1 for m in messages if m.get("role") == "assistant")
         for conv in script.conversations:
-            if conv.match in users[0]:
+            start = _first_user_with(messages, conv.match)
+            if start is not None:
+                # only turns after the task's message count: a framework may put made-up
+                # example exchanges before it (aider's few-shot "user"/"assistant" pairs)
+                assistant_turns = sum(1 for m in messages[start:] if m.get("role") == "assistant")
                 if assistant_turns >= len(conv.turns):
                     return Reply(SCRIPT_DONE, match=conv.match, turn=assistant_turns, kind="done")
                 turn = conv.turns[assistant_turns]

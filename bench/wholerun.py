@@ -1,0 +1,91 @@
+"""The whole ``sandgate run --instance I -q -- true`` as a user times it, beside srt (issue 13).
+
+Whole processes, paired (one of each per round, alternating, so both meet the same load):
+wall by ``perf_counter``, CPU by ``getrusage(RUSAGE_CHILDREN)`` (the process and every child
+it waited for). The peer is srt (npm ``@anthropic-ai/sandbox-runtime``, the sandbox Claude
+Code uses; it needs ``socat`` and ``ripgrep``), installed under /opt/sandgate/bench-srt:
+
+    apt-get install socat ripgrep
+    mkdir -p /opt/sandgate/bench-srt && cd /opt/sandgate/bench-srt && \\
+        npm install @anthropic-ai/sandbox-runtime@0.0.83
+
+srt starts its HTTP/SOCKS proxies in the namespace it is started in: it runs in a fresh network
+namespace with only loopback up (``unshare -n``), so nothing it starts is reachable from or
+reaches anywhere else. Our side also reports ``run --timings``' phases of one extra run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import log, median
+from bench.stack import BenchStack
+
+SRT = Path("/opt/sandgate/bench-srt/node_modules/.bin/srt")
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, check=False, env=env, stdin=subprocess.DEVNULL, capture_output=True)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed ({p.returncode}): {p.stderr.decode()[-300:]}")
+    return wall, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+
+
+def _sandgate_argv(instance: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "sandgate", "run", "--instance", instance, "-q", *extra, "--"]
+
+
+def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
+    n = 4 if quick else 10
+    # What a user's shell gives: bytecode caches written (a fresh shell has no such flag).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    ours_argv = [*_sandgate_argv(bs.instance), "true"]
+    srt_argv = ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{SRT}" -c true']
+    have_srt = SRT.exists()
+    peer_name = " and srt -c true" if have_srt else ""
+    log(f"whole run: {n} paired rounds of `sandgate run -q -- true`{peer_name}")
+    ours: list[tuple[float, float]] = []
+    peer: list[tuple[float, float]] = []
+    for i in range(n + 1):
+        o = _timed(ours_argv, env)
+        s = _timed(srt_argv, env) if have_srt else None
+        if i == 0:
+            continue  # warm-up: bytecode, page cache
+        ours.append(o)
+        if s is not None:
+            peer.append(s)
+    timing = subprocess.run(
+        [*_sandgate_argv(bs.instance, "--json", "--timings"), "true"],
+        check=False, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+    )  # fmt: skip
+    phases = json.loads(timing.stdout).get("timings") if timing.returncode == 0 else None
+    out: dict[str, Any] = {
+        "n": n,
+        "sandgate": {
+            "wall_median_s": median([w for w, _ in ours]),
+            "cpu_median_s": median([c for _, c in ours]),
+        },
+        "timings": phases,
+        "loadavg": os.getloadavg(),
+    }
+    if peer:
+        out["srt"] = {
+            "wall_median_s": median([w for w, _ in peer]),
+            "cpu_median_s": median([c for _, c in peer]),
+            "command": "unshare -n (lo up) srt -c true",
+        }
+    else:
+        out["srt"] = None
+        out["srt_missing"] = f"{SRT} not installed (this module's docstring says how)"
+    return out

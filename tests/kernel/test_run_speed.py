@@ -1,0 +1,50 @@
+"""The fast paths of a run (issue 13) see what the slow paths see: a drift snapshot reused
+while no commit reached the kernel still shows a change made from outside the gateway."""
+
+from __future__ import annotations
+
+import subprocess
+
+from sandgate.session.stack import Stack
+from sandgate.session.timings import Timings
+
+from .conftest import Runner
+
+
+def test_a_reused_snapshot_still_sees_a_foreign_change(stack: Stack) -> None:
+    ns = f"--net=/proc/{stack.gateway.pid}/ns/net"
+    with stack.gateway.client() as ctl:
+        first = ctl.call("snapshot")
+        again = ctl.call("snapshot")  # no commit in between: the listing is reused
+        assert again == first and again["digest"] == again["expected"]
+        assert not any("192.0.2.77" in line for line in first["ruleset"])
+        subprocess.run(
+            ["nsenter", ns, "nft", "insert", "rule", "inet", "sandgate", "forward",
+             "ip", "daddr", "192.0.2.77", "accept"],
+            check=True,
+        )  # fmt: skip
+        changed = ctl.call("snapshot")
+        assert changed["digest"] != changed["expected"]
+        assert any("192.0.2.77" in line for line in changed["ruleset"])
+        ctl.call("check")  # the watchdog's round restores the gateway's own rules
+        assert not ctl.call("check")["problems"]
+        restored = ctl.call("snapshot")
+        assert restored["digest"] == restored["expected"]
+        assert not any("192.0.2.77" in line for line in restored["ruleset"])
+
+
+def test_timings_cover_the_run_and_the_gateway_steps(sandbox: Runner) -> None:
+    clock = Timings()
+    r = sandbox.sh("true", timings=clock)
+    assert r.exit_code == 0, r.message
+    phases = {p.name: p for p in clock.phases}
+    for name in ("workspace (netns, dirs, tmpfs)", "drift snapshot before", "sandbox exec",
+                 "findings (drift snapshot after, writes)", "teardown: netns, dirs", "report"
+                 " (store, claims, OCSF)"):  # fmt: skip
+        assert name in phases, name
+    assert "link" in phases["control add_guest"].steps  # the gateway's own timing_ms
+    assert "settle" in phases["control remove_guest (log settle)"].steps
+    assert all(p.wall_ms >= 0 and p.cpu_ms >= 0 for p in clock.phases)
+    # Correctness, not speed: the table names every phase and sums them.
+    text = "\n".join(clock.lines())
+    assert "sandbox exec" in text and text.splitlines()[-1].startswith("total")
