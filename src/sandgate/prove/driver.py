@@ -31,6 +31,9 @@ def tcp(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
         sport = s.getsockname()[1]
         s.connect((a["address"], a["port"]))
+        not_connected = unconnected(s)
+        if not_connected is not None:
+            return not_connected[0], {"sport": sport, "error": not_connected[1]}
         # Connected means reached: the gateway refuses with ICMP, and only web ports (never
         # probed with plain TCP here) meet a proxy that accepts connections itself.
         return "allow", {"sport": sport}
@@ -49,6 +52,31 @@ def tcp(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return "deny", {"sport": locals().get("sport"), "error": exc.__class__.__name__}
     finally:
         s.close()
+
+
+def unconnected(s: socket.socket) -> tuple[str, str] | None:
+    """Whether a TCP socket whose ``connect()`` returned is really connected: None if so.
+
+    With a timeout, Python's ``connect()`` polls and then trusts ``SO_ERROR == 0``. A socket
+    woken while its handshake failed (an ICMP refusal taken as a soft error, the error already
+    read) passes that test unconnected, and was counted as a leak of the gateway (a flaky
+    ``block 192.88.99.2/32: LEAK`` whose only packet the gateway had refused). The kernel's
+    own answer: ``getpeername()`` works on a connected socket only. A socket that connected
+    and was reset at once no longer has a peer either, but it received segments."""
+    try:
+        s.getpeername()
+        return None
+    except OSError:
+        pass
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 144)
+        segs_in = struct.unpack_from("I", info, 140)[0] if len(info) >= 144 else 0
+    except OSError:
+        segs_in = 0
+    if segs_in:
+        return "allow", "reset by the destination after connecting"
+    # Neither the gateway's refusal nor the far end's answer reached us: its record tells.
+    return "silent", "connect() returned an unconnected socket"
 
 
 def udp(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -129,6 +157,9 @@ def tls(a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         s.bind(("0.0.0.0", 0))
         sport = s.getsockname()[1]
         s.connect((a["address"], a["port"]))
+        not_connected = unconnected(s)
+        if not_connected is not None:
+            return "deny", {"sport": sport, "error": not_connected[1]}
         with ctx.wrap_socket(s, server_hostname=a.get("sni")) as t:
             t.do_handshake()
         return "allow", {"sport": sport}
