@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sandgate import cleanup
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event
 from sandgate.events.store import Store
@@ -178,6 +179,7 @@ def _in_qemu(vm: GuestVm, work: Path, driver: Path) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    cleanup.add_pid(f"vm-{spec.session}", proc.pid)  # `sandgate cleanup` ends it if we die
     try:
         proc.wait(VM_RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -186,6 +188,7 @@ def _in_qemu(vm: GuestVm, work: Path, driver: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+        cleanup.forget_pids(f"vm-{spec.session}")
     log = console.read_bytes() if console.exists() else b""
     if not (share / "vm" / "exit").exists():
         tail = log.decode(errors="replace").strip().splitlines()[-3:]
