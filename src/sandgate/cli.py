@@ -1112,7 +1112,9 @@ def prove(
     from sandgate.report.render import prove_table
 
     if world == "homelab":
-        _prove_homelab(policy, profile, mode, instance, json_out)
+        if nic != "tap":  # issue 10: --vm makes one homelab guest a QEMU VM on its bridge
+            raise typer.BadParameter("--world homelab --vm: the VM's NIC is on its bridge")
+        _prove_homelab(policy, profile, mode, instance, json_out, vm)
         return
     if world not in (None, "test"):
         raise typer.BadParameter("the worlds are 'test' and 'homelab'", param_hint="--world")
@@ -1145,7 +1147,12 @@ def prove(
 
 
 def _prove_homelab(
-    policy: str | None, profile: str | None, mode: str | None, instance: str | None, js: bool
+    policy: str | None,
+    profile: str | None,
+    mode: str | None,
+    instance: str | None,
+    js: bool,
+    vm: bool = False,
 ) -> None:
     from sandgate.prove.homelab import prove_homelab, totals
     from sandgate.report.render import prove_table
@@ -1155,7 +1162,7 @@ def _prove_homelab(
         _fail(SandgateError("--world homelab takes its guests from [gateway]", "drop the option"))
     try:
         preflight()
-        proves = prove_homelab(policy)
+        proves = prove_homelab(policy, vm=vm)
     except SandgateError as exc:
         _fail(exc)
         return

@@ -55,6 +55,25 @@ def test_prove_homelab_from_the_files_and_after_a_reboot(root: None, policy: str
         assert "LAN broadcast (netbios)" in probes and "NAS 445/tcp" in probes
 
 
+@pytest.mark.skipif(not Path("/usr/bin/qemu-system-x86_64").exists(), reason="needs QEMU")
+def test_prove_homelab_with_a_qemu_guest(root: None) -> None:
+    """--vm: one guest is a real QEMU VM (TCG) on its bridge, the driver in it as root; two
+    boots of it, one per gateway boot. Its rows say it is QEMU's; none fail or skip."""
+    instance = f"hq{os.getpid() % 10000}"
+    proves = prove_homelab(None, instance, vm=True)
+    assert {(p.guest, p.boot) for p in proves} == {
+        (g, b) for g in ("eth1", "eth2 (qemu vm)") for b in (1, 2)
+    }
+    for p in proves:
+        bad = [(r.probe, r.why) for r in p.result.results if r.result != "PASS"]
+        assert not bad, f"{p.guest} boot {p.boot}: {bad}"
+        assert Counter(r.result for r in p.result.results)["PASS"] >= 40
+        assert all(row["guest"] == p.guest for row in p.rows())
+    left = subprocess.run(["pgrep", "-f", f"sandgate-vm-homelab-sg-{instance}-"],
+                          capture_output=True, check=False)  # fmt: skip
+    assert left.returncode == 1, "a QEMU guest outlived the homelab"
+
+
 def _curl(netns: str, url: str, timeout: int = 3) -> bool:
     done = subprocess.run(
         [*ns.nsenter_argv(netns), "curl", "-s", "-o", "/dev/null", "-m", str(timeout), url],

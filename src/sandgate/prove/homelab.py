@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -23,11 +25,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sandgate import cleanup
+from sandgate.errors import SandgateError
 from sandgate.events.schema import Event
 from sandgate.events.store import Store
 from sandgate.gateway.proxy.server import EXPLICIT_PORT
 from sandgate.net import handed as hd
 from sandgate.net import ns
+from sandgate.net.links import guest_mac
 from sandgate.policy.decide import Attempt, decide, decide_answer
 from sandgate.policy.model import Protocol
 from sandgate.policy.profile import Profile
@@ -57,17 +62,24 @@ class GuestProve:
         return [{**label, **r.as_json()} for r in self.result.results]
 
 
-def prove_homelab(policy: str | None = None, instance: str | None = None) -> list[GuestProve]:
-    """Build the homelab from exported files, prove from every guest, reboot, prove again."""
+def prove_homelab(
+    policy: str | None = None, instance: str | None = None, vm: bool = False
+) -> list[GuestProve]:
+    """Build the homelab from exported files, prove from every guest, reboot, prove again.
+    ``vm``: the last guest is a real QEMU VM on its bridge, the driver run in it as root."""
     path = Path(policy) if policy else default_policy()
-    lab = Homelab(instance or f"h{int(time.time()) % 100000}", path)
+    lab = Homelab(instance or f"h{int(time.time()) % 100000}", path, qemu_guest=vm)
+    if vm:
+        from sandgate.vm.launch import VmOptions, preflight
+
+        preflight(VmOptions())  # QEMU and the built-in guest, before anything is made
     out: list[GuestProve] = []
     with lab:
         for boot in (1, 2):
             if boot == 2:
                 lab.reboot()
-            for vm in lab.guests:
-                out.append(_prove_guest(lab, vm, boot))
+            for guest in lab.guests:
+                out.append(_prove_guest(lab, guest, boot))
     return out
 
 
@@ -92,18 +104,21 @@ def _prove_guest(lab: Homelab, vm: GuestVm, boot: int) -> GuestProve:
         logs_before = {k: len(read_log(v)) for k, v in lab.info.logs.items()}
         t0 = time.time()
         driver = Path(__file__).with_name("driver.py")
-        subprocess.run(
-            [
-                *ns.nsenter_argv(vm.netns),
-                "/usr/bin/python3",
-                str(driver),
-                str(work / "probes.json"),
-                str(work / "results.jsonl"),
-            ],
-            capture_output=True,
-            timeout=300,
-            check=False,
-        )
+        if vm.qemu:
+            _in_qemu(vm, work, driver)
+        else:
+            subprocess.run(
+                [
+                    *ns.nsenter_argv(vm.netns),
+                    "/usr/bin/python3",
+                    str(driver),
+                    str(work / "probes.json"),
+                    str(work / "results.jsonl"),
+                ],
+                capture_output=True,
+                timeout=300,
+                check=False,
+            )
         time.sleep(SETTLE)
         observed = _observed(work / "results.jsonl")
     finally:
@@ -122,7 +137,63 @@ def _prove_guest(lab: Homelab, vm: GuestVm, boot: int) -> GuestProve:
     results = [_judge(p, observed.get(p.id), events, seen.get("dns", []), wiring) for p in probes]
     results += _session_invariants(GATEWAY_UPLINK, events, seen)
     result = ProveResult(str(profile.mode), profile.name, str(lab.policy_path), None, results)
-    return GuestProve(vm.guest.ifname, profile.name, boot, result)
+    name = f"{vm.guest.ifname} ({QEMU_LABEL})" if vm.qemu else vm.guest.ifname
+    return GuestProve(name, profile.name, boot, result)
+
+
+QEMU_LABEL = "qemu vm"  # in the ``guest`` field of a QEMU guest's rows
+VM_RUN_TIMEOUT = 480.0  # boot (TCG, loaded 2-core host) plus the driver's probes
+
+
+def _in_qemu(vm: GuestVm, work: Path, driver: Path) -> None:
+    """Boot the built-in guest on the VM's tap, the driver run in it as root over ``work``
+    (its /work); QEMU is in the guest namespace, which has no address: only the tap."""
+    from sandgate.vm import accel, image, qemu
+    from sandgate.vm.launch import TAP, UP_MARK
+
+    shutil.copyfile(driver, work / "driver.py")
+    share = work / "share"  # the guest's /sg: its job, its writable areas, its exit status
+    for area in ("vm", "home", "tmp", "run", "vartmp", "shm"):
+        (share / area).mkdir(parents=True, exist_ok=True)
+    job = qemu.Job(
+        ("/usr/bin/python3", "/work/driver.py", "/work/probes.json", "/work/results.jsonl"),
+        {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "USER": "root"},
+    )
+    (share / "vm" / "job.sh").write_text(qemu.job_script(job))
+    guest = image.ensure()
+    mac = vm.link.mac or guest_mac(vm.link.index)
+    spec = qemu.VmSpec(
+        f"homelab-{vm.netns}",
+        guest.kernel,
+        guest.initrd,
+        share,
+        work,
+        accel.detect(),
+        qemu.Nic(TAP, mac, f"{vm.link.guest}/30", str(vm.link.gateway)),
+    )
+    console = work / "console.log"
+    proc = subprocess.Popen(
+        [*ns.nsenter_argv(vm.netns), *qemu.argv(spec, console)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    cleanup.add_pid(f"vm-{spec.session}", proc.pid)  # `sandgate cleanup` ends it if we die
+    try:
+        proc.wait(VM_RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        cleanup.forget_pids(f"vm-{spec.session}")
+    log = console.read_bytes() if console.exists() else b""
+    if not (share / "vm" / "exit").exists():
+        tail = log.decode(errors="replace").strip().splitlines()[-3:]
+        booted = "booted" if UP_MARK in log else "did not boot"
+        raise SandgateError(f"the homelab's QEMU guest {booted}: " + " / ".join(tail))
 
 
 def with_answers(probe: Probe, profile: Profile) -> Probe:

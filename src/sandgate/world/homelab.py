@@ -50,6 +50,7 @@ class GuestVm:
     guest: hd.HandedGuest
     link: GuestLink
     peer: subprocess.Popen[bytes] | None = None  # a server on 8080: the other agent's target
+    qemu: bool = False  # a real QEMU VM: this namespace is only its wire (eth0 bridged to tap0)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Homelab:
     guests: list[GuestVm] = field(default_factory=list)
     daemon: subprocess.Popen[str] | None = None
     boots: int = 0
+    qemu_guest: bool = False  # --vm: the last guest is a real QEMU VM (prove/homelab.py runs it)
     _namespaces: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -117,6 +119,8 @@ class Homelab:
         pool = self.policy.file.gateway.pool
         for i, (g, link) in enumerate(zip(self.links.guests, self.links.links(pool), strict=True)):
             self.guests.append(self._guest_vm(f"vm{i + 1}", g, link))
+        if self.qemu_guest and self.guests:
+            self._qemu_wire(self.guests[-1])
         self.boot()
 
     def down(self) -> None:
@@ -169,6 +173,17 @@ class Homelab:
             start_new_session=True,
         )
         return GuestVm(vm, g, link, peer)
+
+    def _qemu_wire(self, vm: GuestVm) -> None:
+        """The guest namespace becomes the QEMU VM's wire: eth0 (still the bridge's port) loses
+        its address and is bridged to tap0, whose VM takes the guest's address (vm/launch.py)."""
+        from sandgate.vm.launch import wire_tap  # only with --vm: QEMU's module stays unloaded
+
+        if vm.peer is not None:
+            _stop(vm.peer)
+            vm.peer = None
+        wire_tap(vm.netns, 0)
+        vm.qemu = True
 
     # -- the gateway VM: its "hardware", its OS's own network setup, then the exported files ----
 
