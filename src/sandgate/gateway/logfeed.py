@@ -48,8 +48,21 @@ class LogFeed:
             site = self.sites.get(pkt.prefix)
             if site is not None:
                 self.sink.flow(
-                    *gateway_event(pkt, site, self.table.session_at, self.table.session_of)
+                    *gateway_event(
+                        pkt, site, self.table.session_at, self.table.session_of, self.pinned
+                    )
                 )
+
+    def pinned(self, link: str, address: str) -> list[str]:
+        """The rule tags the resolver pinned ``address`` under for this guest (still in the
+        kernel's sets), for a pin group's log line to name its rule (policy/pins.py)."""
+        guest = self.table.get(link)
+        if guest is None:
+            return []
+        now = time.monotonic()
+        pins = list(guest.dns.pinned.items())  # the resolver's loop adds to it meanwhile
+        live = [t for (a, tags), until in pins if a == address and until > now for t in tags]
+        return live or [t for (a, tags), _ in pins if a == address for t in tags]
 
     def read_all(self, guest: Guest | None = None) -> None:
         """Everything the kernel has logged so far (before a guest leaves, on a flush)."""

@@ -373,7 +373,9 @@ class SelfCheck:
         # What the resolver pinned before the rules were lost, pinned again.
         repins: list[dict[str, Any]] = []
         now = time.monotonic()
-        for (address, tags), until in guest.dns.pinned.items():
+        # Shortest first: one address of a pin group's set keeps the longest (a re-add sets
+        # the kernel's timeout anew).
+        for (address, tags), until in sorted(guest.dns.pinned.items(), key=lambda kv: kv[1]):
             left = int(until - now)  # the kernel's element had this long to live
             if left <= 0:
                 continue

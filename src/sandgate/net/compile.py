@@ -41,7 +41,7 @@ from sandgate.policy.decide import (
 from sandgate.policy.exemptions import inner_special, is_exemption, special4, touches_special
 from sandgate.policy.groups import RuleGroup, group_address_rules
 from sandgate.policy.model import IPNetwork, Mode, Protocol
-from sandgate.policy.pins import PinRule, pinned_rules
+from sandgate.policy.pins import PinGroup, pin_groups, set_of
 from sandgate.policy.profile import Profile, Rule
 
 Json = dict[str, Any]
@@ -79,6 +79,9 @@ class Site:
     # rule for the packet's address (at_address); ``group_set`` is its interval set.
     group: RuleGroup | None = None
     group_set: str = ""
+    # A pin group's site (policy/pins.py): the reader names the rule from the tags the
+    # resolver pinned the packet's address under (``PinGroup.at``).
+    pins: PinGroup | None = None
 
     @property
     def verdict(self) -> str:
@@ -160,6 +163,7 @@ class _Builder:
         log: bool = True,
         group: RuleGroup | None = None,
         group_set: str = "",
+        pins: PinGroup | None = None,
     ) -> Json:
         """Make a verdict chain; return the ``jump`` statement that leads to it."""
         n = self._number(guest)
@@ -186,7 +190,7 @@ class _Builder:
                     name, _match(_ct_mark_bit(), 0), _set_ct_mark_bit(), _log(prefix, GROUP_ACCEPT)
                 )
             self.rule(name, {"accept": None})
-        self.sites[prefix] = Site(prefix, guest, decision, counter, group, group_set)
+        self.sites[prefix] = Site(prefix, guest, decision, counter, group, group_set, pins)
         return {"jump": {"target": name}}
 
     def grouped(self, chain: str, guest: str, group: RuleGroup, decision: Decision) -> None:
@@ -360,7 +364,7 @@ def guest_add(
     fwd, inp = f"fwd_{g}", f"in_{g}"
     b.add("chain", name=fwd)
     b.add("chain", name=inp)
-    pins = pinned_rules(profile)
+    pins = pin_groups(profile)
     for pin in pins:
         b.add("set", name=pin_set(g, pin.tag), type="ipv4_addr", flags=["timeout"])
 
@@ -384,7 +388,8 @@ def guest_add(
     # Addresses the guest learnt under a name that a port-scoped deny rule speaks to.
     for pin in pins:
         if pin.action == "deny":
-            b.rule(fwd, *_pin_match(g, pin), b.site(fwd, g, deny(Reason.RULE_DENY, rule=pin.rule)))
+            site = b.site(fwd, g, deny(Reason.RULE_DENY, rule=_only(pin)), pins=pin)
+            b.rule(fwd, *_pin_match(g, pin), site)
 
     def alone(rule: Rule) -> bool:  # a special block to exclude or to exempt: its own site
         net, over = rule.spec.network, profile.public_override
@@ -425,7 +430,7 @@ def guest_add(
     elif profile.mode is Mode.ALLOWLIST:
         for pin in pins:
             if pin.action == "allow":
-                site = b.site(fwd, g, allow(Reason.PINNED, pin.rule))
+                site = b.site(fwd, g, allow(Reason.PINNED, _only(pin)), pins=pin)
                 b.rule(fwd, *_pin_match(g, pin), site)
         b.rule(fwd, b.site(fwd, g, deny(Reason.NOT_ALLOWLISTED)))
     else:
@@ -588,7 +593,7 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
         cmds += [{"delete": {"counter": {"family": fam, "table": TABLE, "name": n}}} for n in names]
     cmds += [
         {"delete": {"set": {"family": "inet", "table": TABLE, "name": pin_set(g, p.tag)}}}
-        for p in pinned_rules(profile)
+        for p in pin_groups(profile)
     ]
     cmds += [
         {"delete": {"set": {**_inet, "name": site.group_set}}} for site in sites if site.group_set
@@ -656,8 +661,9 @@ def guest_uid_log() -> list[Json]:
 
 
 def pin_set(guest: str, tag: str) -> str:
-    """The name of one domain rule's pin set for one guest (policy/pins.py)."""
-    return f"pin_{guest}_{tag}"
+    """The name of one pin group's set for one guest (policy/pins.py), from the group's tag
+    (``a0``) or one of its rules' (``a0.3``)."""
+    return f"pin_{guest}_{set_of(tag)}"
 
 
 def pin_elements(
@@ -667,30 +673,39 @@ def pin_elements(
     tags: Iterable[str],
     limits: Limits = Limits(),
 ) -> list[Json]:
-    """Add addresses to the pin sets named by ``tags``, timing out with their TTL."""
+    """Add addresses to the pin sets named by ``tags``, timing out with their TTL. (The kernel
+    sets an element's timeout anew when it is added again, shorter too: a caller pinning into
+    a set that may hold the address longer passes the longer TTL.)"""
     timeout = limits.pin_timeout(ttl)
     elems = [{"elem": {"val": a, "timeout": timeout}} for a in addresses]
+    names = dict.fromkeys(pin_set(link.ifname, tag) for tag in tags)  # a group's rules: one set
     return [
         {
             "add": {
                 "element": {
                     "family": "inet",
                     "table": TABLE,
-                    "name": pin_set(link.ifname, tag),
+                    "name": name,
                     "elem": elems,
                 }
             }
         }
-        for tag in tags
+        for name in names
     ]
 
 
-def _pin_match(guest: str, pin: PinRule) -> list[Json]:
-    """An address in the rule's pin set, on the rule's own ports and protocols."""
+def _pin_match(guest: str, pin: PinGroup) -> list[Json]:
+    """An address in the group's pin set, on its rules' own ports and protocols."""
     return [
         _match(_payload("ip", "daddr"), "@" + pin_set(guest, pin.tag)),
-        *_scope_match(pin.rule),
+        *_scope_match(pin.rules[0].rule),
     ]
+
+
+def _only(pin: PinGroup) -> Rule | None:
+    """A group of one rule names it on its site, as before groups; a larger group's lines are
+    told their rule by the log reader (``PinGroup.at``)."""
+    return pin.rules[0].rule if len(pin.rules) == 1 else None
 
 
 def _host_match(profile: Profile) -> list[Json]:

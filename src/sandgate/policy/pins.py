@@ -1,15 +1,24 @@
-"""Pins: what an answered name opens (or closes) at L3, as sets of addresses per domain rule.
+"""Pins: what an answered name opens (or closes) at L3, as sets of addresses per pin group.
 
 The kernel sees addresses, not names. When the resolver answers a name, the addresses it
-returns join one nftables set per domain rule that speaks to the name, and each set's rule in
-the guest's forward chain carries that rule's own ports and protocol (net/compile.py). So at L3
-an address ``A`` that the guest learnt as ``N`` is judged as ``decide()`` judges ``(A, port, N)``:
+returns join the nftables set of each domain rule's *pin group* that speaks to the name, and
+each group's rule in the guest's forward chain carries the group's ports and protocols
+(net/compile.py). So at L3 an address ``A`` that the guest learnt as ``N`` is judged as
+``decide()`` judges ``(A, port, N)``:
 
 * a domain **deny** rule scoped to ports (``{ domain = "gist.github.com", port = 22 }``) lets
-  the name resolve, and its set refuses ``A`` on exactly those ports, in every mode; a deny
-  rule for the whole name never pins (the resolver refuses the name itself);
-* in **allowlist** mode a domain **allow** rule's set admits ``A`` on that rule's ports only
+  the name resolve, and its group's set refuses ``A`` on exactly those ports, in every mode; a
+  deny rule for the whole name never pins (the resolver refuses the name itself);
+* in **allowlist** mode a domain **allow** rule's group admits ``A`` on that rule's ports only
   (a port-scoped rule no longer opens every port of the address).
+
+A group is every pinning rule of one list (``allow`` or ``deny``) and one scope (ports,
+protocols): 50,000 domain rules on two scopes are two sets and two verdict sites, not 50,000
+(issue 11 part 4). Grouping cannot change a verdict: every site of a list has the same
+verdict, deny sites come first, and a group's site matches exactly its rules' scope. What the
+kernel cannot tell is the rule: the resolver remembers which rules' tags it pinned an address
+under (``PinRule.tag``, ``a0.3``: allow[3] in allow group 0), and ``PinGroup.at`` names the
+first of them in profile order, the site the per-rule sets used to reach first.
 
 One address learnt under two names is in both names' sets: deny sets come first, so the
 stricter reading wins. ``pin_rules`` is the one place that says which sets an answer joins;
@@ -18,44 +27,100 @@ tests/unit/test_enforcers_agree.py checks the compiled sets against ``decide()``
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sandgate.policy.decide import Decision, allow, deny
+from sandgate.policy.groups import Scope, scope_of
 from sandgate.policy.model import Mode
 from sandgate.policy.profile import Action, Profile, Rule
 
 
 @dataclass(frozen=True)
 class PinRule:
-    """A domain rule with a pin set: ``index`` into the profile's ``allow`` or ``deny``."""
+    """A domain rule with a pin: ``index`` into the profile's ``allow`` or ``deny``, ``group``
+    the pin group (one set) its addresses join."""
 
     action: Action
     index: int
     rule: Rule
+    group: int = 0
 
     @property
     def tag(self) -> str:
-        """A short stable name for the rule's set: ``a3`` (allow[3]) or ``d0`` (deny[0])."""
-        return f"{self.action[0]}{self.index}"
+        """The rule and its set: ``a0.3`` (allow[3], set ``a0``); ``set_tag`` names the set."""
+        return f"{self.set_tag}.{self.index}"
+
+    @property
+    def set_tag(self) -> str:
+        return f"{self.action[0]}{self.group}"
 
 
-def pinned_rules(profile: Profile) -> tuple[PinRule, ...]:
-    """Every rule of the profile that has a pin set (the compiler makes one set each)."""
-    out = [
-        PinRule("deny", i, r)
+@dataclass(frozen=True, eq=False)  # identity: a group of 50,000 rules is never hashed whole
+class PinGroup:
+    """The pinning rules of one list and one scope, in profile order: one set, one site."""
+
+    action: Action
+    tag: str  # the set's tag: ``a0``, ``d1``
+    scope: Scope
+    rules: tuple[PinRule, ...]
+
+    def at(self, decision: Decision, tags: Iterable[str]) -> Decision:
+        """The group's site ``decision`` for an address the resolver pinned under ``tags``
+        (rule tags, ``PinRule.tag``): naming the first of the group's rules among them."""
+        if decision.rule is not None:
+            return decision
+        mine = {t for t in tags if set_of(t) == self.tag}
+        first = next((p.rule for p in self.rules if p.tag in mine), None)
+        if first is None:
+            return decision
+        make = allow if decision.allowed else deny
+        return make(decision.reason, rule=first, detail=f"{first.ref} ({first.label})")
+
+
+def set_of(tag: str) -> str:
+    """The set a rule's tag pins into: ``a0`` for ``a0.3``."""
+    return tag.partition(".")[0]
+
+
+def _pinning(profile: Profile) -> list[tuple[Action, int, Rule]]:
+    out: list[tuple[Action, int, Rule]] = [
+        ("deny", i, r)
         for i, r in enumerate(profile.deny)
         if r.spec.pattern is not None and not r.whole
     ]
     if profile.mode is Mode.ALLOWLIST:
-        out += [
-            PinRule("allow", i, r)
-            for i, r in enumerate(profile.allow)
-            if r.spec.pattern is not None
-        ]
+        out += [("allow", i, r) for i, r in enumerate(profile.allow) if r.spec.pattern is not None]
+    return out
+
+
+def pinned_rules(profile: Profile) -> tuple[PinRule, ...]:
+    """Every rule of the profile that pins, deny rules first, in profile order; its group is
+    numbered per list in order of the group's first rule."""
+    numbers: dict[tuple[Action, Scope], int] = {}
+    count: dict[Action, int] = {}
+    out: list[PinRule] = []
+    for action, i, rule in _pinning(profile):
+        key = (action, scope_of(rule))
+        if key not in numbers:
+            numbers[key] = count.get(action, 0)
+            count[action] = numbers[key] + 1
+        out.append(PinRule(action, i, rule, numbers[key]))
     return tuple(out)
 
 
+def pin_groups(profile: Profile) -> tuple[PinGroup, ...]:
+    """The profile's pin groups (one set and one verdict site each), deny groups first."""
+    found: dict[str, list[PinRule]] = {}
+    for pin in pinned_rules(profile):
+        found.setdefault(pin.set_tag, []).append(pin)
+    return tuple(
+        PinGroup(m[0].action, tag, scope_of(m[0].rule), tuple(m)) for tag, m in found.items()
+    )
+
+
 def pin_rules(profile: Profile, name: str) -> tuple[PinRule, ...]:
-    """The pin sets an address of ``name`` joins when the resolver answers ``name``."""
+    """The rules whose pin sets an address of ``name`` joins when the resolver answers it."""
     return tuple(
         p
         for p in pinned_rules(profile)
@@ -63,4 +128,4 @@ def pin_rules(profile: Profile, name: str) -> tuple[PinRule, ...]:
     )
 
 
-__all__ = ["PinRule", "pin_rules", "pinned_rules"]
+__all__ = ["PinGroup", "PinRule", "pin_groups", "pin_rules", "pinned_rules", "set_of"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import socket
 import struct
 import sys
@@ -35,7 +36,7 @@ from sandgate.gateway.dns.upstream import Upstream
 from sandgate.net.compile import GuestLink
 from sandgate.policy import dnsnames
 from sandgate.policy.decide import Decision, Reason, allow, decide_answer, deny
-from sandgate.policy.pins import pin_rules
+from sandgate.policy.pins import pin_rules, set_of
 from sandgate.policy.profile import Profile
 
 CACHE_MAX = 50_000
@@ -372,7 +373,19 @@ class Resolver:
         now = time.monotonic()
         todo = tuple(a for a in entry.addresses if guest.pinned.get((a, entry.pin), 0) < now + 5)
         if todo:
-            timeout = self._pin(guest, todo, entry.ttl, entry.pin, entry.inspect)
+            # A pin group's set holds an address for every rule it was pinned under: adding it
+            # again must not shorten what another name's answer keeps (policy/pins.py).
+            sets = {set_of(t) for t in entry.pin}
+            held = max(
+                (
+                    until
+                    for (a, tags), until in guest.pinned.items()
+                    if a in todo and any(set_of(t) in sets for t in tags)
+                ),
+                default=now,
+            )
+            ttl = max(entry.ttl, math.ceil(held - now))
+            timeout = self._pin(guest, todo, ttl, entry.pin, entry.inspect)
             for a in todo:
                 guest.pinned[(a, entry.pin)] = now + timeout
 

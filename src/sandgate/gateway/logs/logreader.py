@@ -9,7 +9,7 @@ whole range which address it met (``at_address``): a drop at the special-ranges 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from sandgate.events.schema import Event, FlowKey, Kind, category_of
 from sandgate.net.compile import Site
@@ -40,13 +40,16 @@ def gateway_event(
     site: Site,
     guest_of: Callable[[str | None], tuple[str, str | None] | None],
     session_of: Callable[[str], str | None] | None = None,
+    pinned: Callable[[str, str], Iterable[str]] | None = None,
 ) -> tuple[FlowKey | None, Event]:
     """An event for a packet the gateway logged at ``site``.
 
     ``guest_of(src)`` maps a source address to (guest link name, session) for sites that are
     not guest-specific (DNS redirect, invalid packets). At a guest's own site the link names
     the sender, not the source address: a frame spoofing another guest's address is the
-    spoofer's attempt (``session_of(link)``), never the victim's.
+    spoofer's attempt (``session_of(link)``), never the victim's. ``pinned(link, address)``:
+    the rule tags the resolver pinned the address under, for a pin group's site to name its
+    rule (policy/pins.py).
     """
     guest = site.guest.split("/")[0] if site.guest else None
     session = None
@@ -59,6 +62,8 @@ def gateway_event(
     proto = proto_name(pkt.proto)
     port = pkt.dport if proto in ("tcp", "udp") else None
     decision = at_address(site.decision, _address(pkt.dst), site.group)
+    if site.pins is not None and pinned is not None and guest is not None and pkt.dst:
+        decision = site.pins.at(decision, pinned(guest, pkt.dst))
     details: dict[str, object] = {"site": site.prefix}
     if pkt.sport is not None:
         details["sport"] = pkt.sport
