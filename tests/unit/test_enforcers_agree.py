@@ -38,10 +38,11 @@ from hypothesis import strategies as st
 from sandgate.gateway.dns import dnslogic
 from sandgate.gateway.dns.resolver import GuestDNS, Resolver
 from sandgate.gateway.proxy.flow import judge
-from sandgate.net.compile import GuestLink, base_ruleset, guest_add, pin_set
+from sandgate.net.compile import GuestLink, Site, base_ruleset, guest_add, pin_set
 from sandgate.policy import dnsnames
 from sandgate.policy.decide import (
     Attempt,
+    Decision,
     decide,
     decide_answer,
     decide_inbound,
@@ -188,6 +189,7 @@ class World:
         }
         self.pinned: list[tuple[str, tuple[str, ...]]] = []
         self.proxied = False  # the last packet kernel() judged went to the proxy
+        self.site: Site | None = None  # the verdict site it met
         self.resolver = Resolver([], lambda key, event: None, self._pin)
         self.dns = GuestDNS(link, None, profile, "p")
 
@@ -232,7 +234,19 @@ class World:
         pkt = Packet(IPv4Address(address), proto, port, self.link.ifname)
         reached, verdict = self.ruleset.judge(pkt, {self.link.gateway}, self.link.gateway)
         self.proxied = verdict.kind == "proxy"
+        self.site = self.sites.get(verdict.site or "")
         return reached
+
+    def logged(self, address: str, proto: str, port: int | None) -> Decision | None:
+        """What the log reader makes of the last packet's line: a pin group's site names its
+        rule from the tags the resolver pinned the address under (policy/pins.py)."""
+        site = self.site
+        if site is None:
+            return None
+        tags = [t for a, ts in self.pinned if a == address for t in ts]
+        if site.pins is None:
+            return site.decision
+        return site.pins.at(site.decision, tags, port, Protocol(proto))
 
 
 attempts = st.lists(
@@ -268,6 +282,14 @@ def test_resolver_ruleset_and_decide_agree(pol: tuple[Profile, GuestLink], tries
             f"{name} → {address} {proto}/{port}: decide() {d.key} ({d.rule_ref}), kernel "
             f"{'accepts' if got else 'refuses'}; pins {world.pinned}"
         )
+        logged = world.logged(address, proto, port)
+        if not world.proxied and world.site is not None and world.site.pins is not None:
+            # A grouped pin site's line names decide()'s rule (its reason is allow.pinned
+            # where decide() says allow.rule: the address was allowed through the name).
+            assert logged is not None and logged.rule_ref == d.rule_ref, (
+                f"{name} → {address} {proto}/{port}: decide() {d.key} ({d.rule_ref}), the log "
+                f"{logged and logged.key} ({logged and logged.rule_ref}); pins {world.pinned}"
+            )
         if proto == "tcp" and port == 443 and not profile.proxied(name):
             # The kernel's TLS gate then judges the ClientHello's name (a name whose requests
             # are judged is inspected: the resolver sent its addresses to the proxy).

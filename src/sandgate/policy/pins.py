@@ -18,7 +18,7 @@ protocols): 50,000 domain rules on two scopes are two sets and two verdict sites
 verdict, deny sites come first, and a group's site matches exactly its rules' scope. What the
 kernel cannot tell is the rule: the resolver remembers which rules' tags it pinned an address
 under (``PinRule.tag``, ``a0.3``: allow[3] in allow group 0), and ``PinGroup.at`` names the
-first of them in profile order, the site the per-rule sets used to reach first.
+first of them in profile order whose scope holds the packet, as ``decide()`` does.
 
 One address learnt under two names is in both names' sets: deny sets come first, so the
 stricter reading wins. ``pin_rules`` is the one place that says which sets an answer joins;
@@ -27,12 +27,12 @@ tests/unit/test_enforcers_agree.py checks the compiled sets against ``decide()``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from sandgate.policy.decide import Decision, allow, deny
 from sandgate.policy.groups import Scope, scope_of
-from sandgate.policy.model import Mode
+from sandgate.policy.model import Mode, Protocol
 from sandgate.policy.profile import Action, Profile, Rule
 
 
@@ -58,24 +58,36 @@ class PinRule:
 
 @dataclass(frozen=True, eq=False)  # identity: a group of 50,000 rules is never hashed whole
 class PinGroup:
-    """The pinning rules of one list and one scope, in profile order: one set, one site."""
+    """The pinning rules of one list and one scope, in profile order: one set, one site.
+    ``peers``: every pinning rule of the same list by tag (shared by its groups)."""
 
     action: Action
     tag: str  # the set's tag: ``a0``, ``d1``
     scope: Scope
     rules: tuple[PinRule, ...]
+    peers: Mapping[str, PinRule] = field(default_factory=dict, repr=False)
 
-    def at(self, decision: Decision, tags: Iterable[str]) -> Decision:
-        """The group's site ``decision`` for an address the resolver pinned under ``tags``
-        (rule tags, ``PinRule.tag``): naming the first of the group's rules among them."""
+    def at(
+        self, decision: Decision, tags: Iterable[str], port: int | None, protocol: Protocol | None
+    ) -> Decision:
+        """The group's site ``decision`` for a packet to an address the resolver pinned under
+        ``tags`` (rule tags, ``PinRule.tag``), naming the rule ``decide()`` names: the first in
+        profile order, of this list, whose scope holds the packet (it may be another group's:
+        groups are not in profile order)."""
         if decision.rule is not None:
             return decision
-        mine = {t for t in tags if set_of(t) == self.tag}
-        first = next((p.rule for p in self.rules if p.tag in mine), None)
+        first: PinRule | None = None
+        for tag in tags:
+            pin = self.peers.get(tag)
+            if pin is None or (first is not None and pin.index >= first.index):
+                continue
+            if protocol is None or pin.rule.in_scope(port, protocol):
+                first = pin
         if first is None:
             return decision
+        rule = first.rule
         make = allow if decision.allowed else deny
-        return make(decision.reason, rule=first, detail=f"{first.ref} ({first.label})")
+        return make(decision.reason, rule=rule, detail=f"{rule.ref} ({rule.label})")
 
 
 def set_of(tag: str) -> str:
@@ -112,10 +124,13 @@ def pinned_rules(profile: Profile) -> tuple[PinRule, ...]:
 def pin_groups(profile: Profile) -> tuple[PinGroup, ...]:
     """The profile's pin groups (one set and one verdict site each), deny groups first."""
     found: dict[str, list[PinRule]] = {}
+    peers: dict[Action, dict[str, PinRule]] = {"allow": {}, "deny": {}}
     for pin in pinned_rules(profile):
         found.setdefault(pin.set_tag, []).append(pin)
+        peers[pin.action][pin.tag] = pin
     return tuple(
-        PinGroup(m[0].action, tag, scope_of(m[0].rule), tuple(m)) for tag, m in found.items()
+        PinGroup(m[0].action, tag, scope_of(m[0].rule), tuple(m), peers[m[0].action])
+        for tag, m in found.items()
     )
 
 

@@ -54,6 +54,10 @@ class Rule:
             return True
         return any(low <= port <= high for low, high in self.spec.ports)
 
+    def in_scope(self, port: int | None, protocol: Protocol) -> bool:
+        """Do the rule's ports and protocols hold this port and protocol?"""
+        return self._port_ok(port, protocol)
+
     def matches_address(self, address: IPAddress, port: int | None, protocol: Protocol) -> bool:
         net = self.spec.network
         return (

@@ -15,10 +15,11 @@ from sandgate.events.schema import Event, FlowKey, Kind, category_of
 from sandgate.net.compile import Site
 from sandgate.net.nflog import NflogPacket
 from sandgate.policy.decide import at_address
-from sandgate.policy.model import IPAddress
+from sandgate.policy.model import IPAddress, Protocol
 
 PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 58: "ipv6-icmp", 132: "sctp"}
 ICMP_ECHO = 8
+_PROTOCOLS = {p.value for p in Protocol}
 
 
 def proto_name(number: int | None) -> str | None:
@@ -63,7 +64,8 @@ def gateway_event(
     port = pkt.dport if proto in ("tcp", "udp") else None
     decision = at_address(site.decision, _address(pkt.dst), site.group)
     if site.pins is not None and pinned is not None and guest is not None and pkt.dst:
-        decision = site.pins.at(decision, pinned(guest, pkt.dst))
+        protocol = Protocol(proto) if proto in _PROTOCOLS else None
+        decision = site.pins.at(decision, pinned(guest, pkt.dst), port, protocol)
     details: dict[str, object] = {"site": site.prefix}
     if pkt.sport is not None:
         details["sport"] = pkt.sport
