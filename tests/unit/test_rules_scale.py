@@ -101,3 +101,25 @@ def test_a_grouped_sites_log_line_names_the_rule_of_its_address(tmp_path: Path) 
     )  # fmt: skip
     _, event = gateway_event(pkt, site, lambda src: None)
     assert (event.verdict, event.rule) == ("allow", "big.allow[75] (11.0.37.0/24)"), event
+
+
+def test_the_pool_check_by_numbers_is_subnet_of() -> None:
+    """``_inside`` (the guest-pool check of 100,000 rules) answers as ``subnet_of``."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from sandgate.policy.load import _inside
+
+    nets = st.builds(
+        lambda a, n: ipaddress.ip_network((a, n), strict=False),
+        st.sampled_from([0, 0x0AC90000, 0x0AC9FFFF, 0x0A000000, 0x0AC80000, 0xFFFFFFFF]),
+        st.integers(0, 32),
+    )
+
+    @given(nets, nets)
+    def agree(net: ipaddress.IPv4Network, pool: ipaddress.IPv4Network) -> None:
+        assert _inside(net, pool) == net.subnet_of(pool), (net, pool)
+
+    agree()
+    v6 = ipaddress.ip_network("::/0")
+    assert not _inside(v6, ipaddress.ip_network("0.0.0.0/0"))

@@ -53,6 +53,10 @@ _MAX_LABEL = 63
 _IPV4_FORM = "a dotted quad like 192.0.2.1"
 _NAME_FORM = "a name like api.example.com (letters, digits, '-', '_')"
 _ASCII_LABEL = re.compile(r"[a-z0-9_-]+")
+# Labels that each match _ASCII_LABEL and are at most _MAX_LABEL long, in one match. Such a
+# name without punycode (xn--) is in normal form already: parse_host returns it as it is, so
+# it may skip the steps (100,000 policy rules, issue 11).
+_NORMAL_LABELS = re.compile(r"[a-z0-9_-]{1,63}(?:\.[a-z0-9_-]{1,63})*")
 _ZONE = re.compile(r"[A-Za-z0-9._~-]+")  # RFC 6874 unreserved characters
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _DIGITS = {
@@ -149,6 +153,8 @@ def _check_chars(text: str, what: str, spelling: str | None = None) -> None:
             f"{what} longer than {_MAX_TEXT} characters",
             f"names are at most {_MAX_NAME} octets",
         )
+    if text.isascii() and text.isprintable() and " " not in text:
+        return  # no ASCII whitespace or control character (the loop below, 50 times faster)
     for ch in text:
         if ch.isspace() or unicodedata.category(ch) == "Cc":
             raise HostParseError(
@@ -319,11 +325,10 @@ def _parse_name(text: str, spelling: str) -> str:
 
 
 def _check_normal_name(name: str) -> None:
-    labels = name.split(".")
     if (
         not name
         or len(name) > _MAX_NAME
-        or not all(_ASCII_LABEL.fullmatch(lb) and len(lb) <= _MAX_LABEL for lb in labels)
+        or not _NORMAL_LABELS.fullmatch(name)
         or _ends_in_number(name)
     ):
         raise HostParseError(
@@ -339,6 +344,17 @@ def parse_host(text: str) -> Host:
     >>> parse_host("Bücher.DE.")
     NameHost(name='xn--bcher-kva.de')
     """
+    if (
+        len(text) <= _MAX_NAME
+        and _NORMAL_LABELS.fullmatch(text)
+        and "xn--" not in text
+        and not _ends_in_number(text)
+    ):
+        return NameHost(text)  # what _parse_host makes of a name in normal form
+    return _parse_host(text)
+
+
+def _parse_host(text: str) -> Host:
     _check_chars(text, "host")
     if text.startswith("["):
         if not text.endswith("]"):

@@ -9,7 +9,7 @@ Values themselves always come from tomllib: the tree is used for positions only.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 
 import tree_sitter_toml
@@ -32,7 +32,31 @@ def locate(source: bytes) -> dict[Path, Position]:
     return _Walker(source).walk(tree.root_node)
 
 
-def find(positions: dict[Path, Position], path: Path) -> Position | None:
+class Positions(Mapping[Path, Position]):
+    """``locate(source)``, made when first asked: a file that loads without a problem never
+    needs it, and walking the tree of 100,000 rules takes seconds (issue 11)."""
+
+    def __init__(self, source: bytes) -> None:
+        self._source = source
+        self._found: dict[Path, Position] | None = None
+
+    @property
+    def _map(self) -> dict[Path, Position]:
+        if self._found is None:
+            self._found = locate(self._source)
+        return self._found
+
+    def __getitem__(self, path: Path) -> Position:
+        return self._map[path]
+
+    def __iter__(self) -> Iterator[Path]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+
+def find(positions: Mapping[Path, Position], path: Path) -> Position | None:
     """Position of ``path``, or of its longest written prefix (pydantic adds type tags)."""
     for end in range(len(path), 0, -1):
         hit = positions.get(path[:end])

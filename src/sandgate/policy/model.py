@@ -9,6 +9,7 @@ of sandgate only ever sees one spelling of each thing.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 from functools import cached_property
 from typing import Literal
@@ -315,6 +316,7 @@ def _unmapped(net: IPNetwork) -> IPNetwork:
     return ipaddress.IPv4Network((mapped, net.prefixlen - 96))
 
 
+@functools.lru_cache(maxsize=1 << 17)  # read twice per rule, as parse_pattern (patterns.py)
 def _cidr_network(text: str) -> IPNetwork:
     try:
         return ipaddress.ip_network(text.strip(), strict=True)

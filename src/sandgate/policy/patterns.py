@@ -8,6 +8,7 @@ top-level domain, which is what ``internet = "open"`` is for).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
@@ -52,6 +53,9 @@ def normalise_name(text: str) -> str:
     return host.name
 
 
+# Each rule's pattern is read twice (its field's validator, then the rule's ``pattern``): with
+# 100,000 rules (issue 11) that is worth remembering. Errors are not remembered (they raise).
+@functools.lru_cache(maxsize=1 << 17)
 def parse_pattern(text: str) -> DomainPattern:
     raw = text.strip()
     wildcard = raw.startswith("*.")
