@@ -10,6 +10,7 @@ __all__ = [
     "groups",
     "hostparse",
     "httprules",
+    "index",
     "limits",
     "load",
     "locate",

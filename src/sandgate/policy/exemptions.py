@@ -64,7 +64,8 @@ def touches_special(net: IPNetwork) -> bool:
     and is no exemption: the quick test that lets 100,000 rules skip the two above."""
     if not isinstance(net, ipaddress.IPv4Network):
         return True
-    lo, hi = int(net.network_address), int(net.broadcast_address)
+    lo = int(net.network_address)
+    hi = lo | ((1 << (32 - net.prefixlen)) - 1)  # broadcast_address, 10x faster
     return any(a <= hi and lo <= b for a, b in _SPANS4)
 
 

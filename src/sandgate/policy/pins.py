@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from sandgate.policy.decide import Decision, allow, deny
 from sandgate.policy.groups import Scope, scope_of
+from sandgate.policy.index import RuleList
 from sandgate.policy.model import Mode, Protocol
 from sandgate.policy.profile import Action, Profile, Rule
 
@@ -108,39 +109,64 @@ def _pinning(profile: Profile) -> list[tuple[Action, int, Rule]]:
 
 def pinned_rules(profile: Profile) -> tuple[PinRule, ...]:
     """Every rule of the profile that pins, deny rules first, in profile order; its group is
-    numbered per list in order of the group's first rule."""
+    numbered per list in order of the group's first rule. (Made once per profile.)"""
+    return _pins(profile)[0]
+
+
+def pin_groups(profile: Profile) -> tuple[PinGroup, ...]:
+    """The profile's pin groups (one set and one verdict site each), deny groups first."""
+    return _pins(profile)[1]
+
+
+def pin_rules(profile: Profile, name: str) -> tuple[PinRule, ...]:
+    """The rules whose pin sets an address of ``name`` joins when the resolver answers it."""
+    peers = _pins(profile)[2]
+    out: list[PinRule] = []
+    lists: tuple[tuple[Action, RuleList], ...] = (
+        ("deny", profile.index.deny),
+        ("allow", profile.index.allow),
+    )
+    for action, rules in lists:
+        for rule in rules.candidates(None, name):
+            pin = peers[action].get(id(rule))
+            if pin is not None and rule.spec.pattern and rule.spec.pattern.matches(name):
+                out.append(pin)
+    return tuple(out)
+
+
+_Pins = tuple[tuple[PinRule, ...], tuple[PinGroup, ...], dict[Action, dict[int, PinRule]]]
+
+
+def _pins(profile: Profile) -> _Pins:
+    memo = profile.index.memo
+    if "pins" not in memo:
+        memo["pins"] = _make_pins(profile)
+    made: _Pins = memo["pins"]
+    return made
+
+
+def _make_pins(profile: Profile) -> _Pins:
     numbers: dict[tuple[Action, Scope], int] = {}
     count: dict[Action, int] = {}
-    out: list[PinRule] = []
+    pins: list[PinRule] = []
     for action, i, rule in _pinning(profile):
         key = (action, scope_of(rule))
         if key not in numbers:
             numbers[key] = count.get(action, 0)
             count[action] = numbers[key] + 1
-        out.append(PinRule(action, i, rule, numbers[key]))
-    return tuple(out)
-
-
-def pin_groups(profile: Profile) -> tuple[PinGroup, ...]:
-    """The profile's pin groups (one set and one verdict site each), deny groups first."""
+        pins.append(PinRule(action, i, rule, numbers[key]))
     found: dict[str, list[PinRule]] = {}
     peers: dict[Action, dict[str, PinRule]] = {"allow": {}, "deny": {}}
-    for pin in pinned_rules(profile):
+    by_rule: dict[Action, dict[int, PinRule]] = {"allow": {}, "deny": {}}
+    for pin in pins:
         found.setdefault(pin.set_tag, []).append(pin)
         peers[pin.action][pin.tag] = pin
-    return tuple(
+        by_rule[pin.action][id(pin.rule)] = pin
+    groups = tuple(
         PinGroup(m[0].action, tag, scope_of(m[0].rule), tuple(m), peers[m[0].action])
         for tag, m in found.items()
     )
-
-
-def pin_rules(profile: Profile, name: str) -> tuple[PinRule, ...]:
-    """The rules whose pin sets an address of ``name`` joins when the resolver answers it."""
-    return tuple(
-        p
-        for p in pinned_rules(profile)
-        if p.rule.spec.pattern and p.rule.spec.pattern.matches(name)
-    )
+    return tuple(pins), groups, by_rule
 
 
 __all__ = ["PinGroup", "PinRule", "pin_groups", "pin_rules", "pinned_rules", "set_of"]

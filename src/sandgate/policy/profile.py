@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sandgate.policy.model import (
     ALL_PROTOCOLS,
@@ -23,6 +23,9 @@ from sandgate.policy.model import (
     SecretSpec,
 )
 from sandgate.policy.patterns import DomainPattern, parse_pattern
+
+if TYPE_CHECKING:
+    from sandgate.policy.index import RuleIndex
 
 Action = Literal["allow", "deny"]
 
@@ -110,6 +113,13 @@ class Profile:
     ask: bool = False  # a name the allowlist refuses waits for an answer (gateway/approvals.py)
 
     @cached_property
+    def index(self) -> RuleIndex:
+        """The rules indexed by network and name, made once (policy/index.py)."""
+        from sandgate.policy.index import RuleIndex
+
+        return RuleIndex.of(self.allow, self.deny)
+
+    @cached_property
     def has_process_rules(self) -> bool:
         return any(r.spec.process is not None for r in self.allow)
 
@@ -129,7 +139,7 @@ class Profile:
             return True
         return any(
             r.spec.process is not None and r.matches_name(name, 443, Protocol.TCP)
-            for r in self.allow
+            for r in self.index.allow.candidates(None, name)
         )
 
     def forced_inspection(self, name: str) -> Rule | None:
@@ -139,7 +149,7 @@ class Profile:
         return next(
             (
                 r
-                for r in self.allow
+                for r in self.index.allow.candidates(None, name)
                 if r.spec.http is not None and r.matches_name(name, 443, Protocol.TCP)
             ),
             None,
