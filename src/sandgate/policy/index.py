@@ -17,17 +17,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from sandgate.policy.model import IPAddress
-from sandgate.policy.profile import Rule
+from sandgate.policy.model import IPAddress, RuleSpec
+
+
+class _Written(Protocol):
+    """A rule as the index sees it (profile.Rule; not imported: profile imports this)."""
+
+    @property
+    def spec(self) -> RuleSpec: ...
+
+
+R = TypeVar("R", bound=_Written)
 
 
 @dataclass(eq=False)
-class RuleList:
+class RuleList(Generic[R]):
     """One list (``allow`` or ``deny``) indexed by network and by name."""
 
-    rules: Sequence[Rule]
+    rules: Sequence[R]
     # version -> prefix length -> network number -> indexes, in profile order
     nets: dict[int, dict[int, dict[int, list[int]]]] = field(default_factory=dict)
     exact: dict[str, list[int]] = field(default_factory=dict)
@@ -35,7 +44,7 @@ class RuleList:
     linear: bool = False  # every rule is a candidate (the reference the tests compare with)
 
     @classmethod
-    def of(cls, rules: Sequence[Rule], *, linear: bool = False) -> RuleList:
+    def of(cls, rules: Sequence[R], *, linear: bool = False) -> RuleList[R]:
         out = cls(rules, linear=linear)
         for i, rule in enumerate(rules):
             net = rule.spec.network
@@ -47,7 +56,7 @@ class RuleList:
                 (out.wild if pattern.wildcard else out.exact).setdefault(pattern.base, []).append(i)
         return out
 
-    def candidates(self, address: IPAddress | None, name: str | None) -> list[Rule]:
+    def candidates(self, address: IPAddress | None, name: str | None) -> list[R]:
         """Every rule that could match ``address`` or ``name``, in profile order."""
         if self.linear:
             return list(self.rules)
@@ -71,16 +80,16 @@ class RuleList:
 
 
 @dataclass(eq=False)
-class RuleIndex:
+class RuleIndex(Generic[R]):
     """A profile's two lists, indexed; ``memo`` holds what other policy modules derive once per
     profile (policy/pins.py's groups)."""
 
-    allow: RuleList
-    deny: RuleList
+    allow: RuleList[R]
+    deny: RuleList[R]
     memo: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, allow: Sequence[Rule], deny: Sequence[Rule], *, linear: bool = False) -> RuleIndex:
+    def of(cls, allow: Sequence[R], deny: Sequence[R], *, linear: bool = False) -> RuleIndex[R]:
         return cls(RuleList.of(allow, linear=linear), RuleList.of(deny, linear=linear))
 
 

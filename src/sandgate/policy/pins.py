@@ -122,7 +122,7 @@ def pin_rules(profile: Profile, name: str) -> tuple[PinRule, ...]:
     """The rules whose pin sets an address of ``name`` joins when the resolver answers it."""
     peers = _pins(profile)[2]
     out: list[PinRule] = []
-    lists: tuple[tuple[Action, RuleList], ...] = (
+    lists: tuple[tuple[Action, RuleList[Rule]], ...] = (
         ("deny", profile.index.deny),
         ("allow", profile.index.allow),
     )

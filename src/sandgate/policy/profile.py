@@ -113,7 +113,7 @@ class Profile:
     ask: bool = False  # a name the allowlist refuses waits for an answer (gateway/approvals.py)
 
     @cached_property
-    def index(self) -> RuleIndex:
+    def index(self) -> RuleIndex[Rule]:
         """The rules indexed by network and name, made once (policy/index.py)."""
         from sandgate.policy.index import RuleIndex
 
