@@ -12,9 +12,18 @@ import subprocess
 import pytest
 
 from sandgate.net import ns
-from sandgate.net.compile import TABLE, GuestLink, base_ruleset, guest_add, guest_remove
+from sandgate.net.compile import (
+    TABLE,
+    GuestLink,
+    Limits,
+    base_ruleset,
+    guest_add,
+    guest_remove,
+    pin_elements,
+)
 from sandgate.net.nft import Nft, batch
 from sandgate.policy.load import parse_policy
+from sandgate.policy.pins import pin_rules
 
 POOL = ipaddress.ip_network("10.201.0.0/16")
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
@@ -56,6 +65,46 @@ def test_grouped_rules_apply_and_go_with_the_guest() -> None:
         assert _sets(name)[grouped[0].group_set] == 1996
         nft.run(batch(*guest_remove(link, sites.values(), profile)))
         assert not [s for s in _sets(name) if s.startswith("r") and s.endswith("_g0")]
+    finally:
+        worker.close()
+        ns.remove(name)
+
+
+def test_domain_rules_share_pin_sets_in_the_kernel() -> None:
+    """3,000 domain rules on three (list, scope) groups are three pin sets; a pinned address
+    joins its group's set, and the sets go with the guest (policy/pins.py)."""
+    allow = [f'{{ domain = "d{i}.x.example" }}' for i in range(1500)]
+    allow += [f'{{ domain = "d{i}.y.example", port = 443 }}' for i in range(1000)]
+    deny = [f'{{ domain = "e{i}.x.example", port = 22 }}' for i in range(500)]
+    text = (
+        f'[profiles.big]\ninternet = "allowlist"\nallow = [{", ".join(allow)}]\n'
+        f"deny = [{', '.join(deny)}]\n"
+    )
+    link = GuestLink.from_pool(POOL, 0, "02:00:00:00:02:01")
+    profile = parse_policy(text.encode(), "big.toml").profile(
+        "big", gateway_address=link.gateway, guest_pool=POOL
+    )
+    name = f"sg-pins-{secrets.token_hex(3)}"
+    ns.create(name)
+    worker = ns.NsThread(name)
+    try:
+        subprocess.run(
+            ["ip", "-n", name, "link", "add", link.ifname, "type", "veth", "peer", "name", "pg0"],
+            check=True,
+        )
+        nft = Nft.on(worker)
+        base, _ = base_ruleset("up0", POOL)
+        cmds, sites = guest_add(link, profile)
+        nft.run(batch(*base, *cmds))
+        pins = {s: n for s, n in _sets(name).items() if s.startswith("pin_")}
+        assert pins == {"pin_g0_d0": 0, "pin_g0_a0": 0, "pin_g0_a1": 0}, pins
+        assert len([s for s in sites.values() if s.pins is not None]) == 3
+        tags = [p.tag for p in pin_rules(profile, "d7.y.example")]
+        assert tags == ["a1.1507"], tags
+        nft.run(batch(*pin_elements(link, ["203.0.113.7", "203.0.113.8"], 60, tags, Limits())))
+        assert _sets(name)["pin_g0_a1"] == 2
+        nft.run(batch(*guest_remove(link, sites.values(), profile)))
+        assert not [s for s in _sets(name) if s.startswith("pin_")]
     finally:
         worker.close()
         ns.remove(name)
