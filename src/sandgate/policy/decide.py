@@ -106,6 +106,7 @@ class Reason(enum.Enum):
     NOT_APPROVED = ("deny.not_approved", "refused with sandgate approve --deny")
     APPROVAL_TIMEOUT = ("deny.approval_timeout", "no answer from sandgate approve in time")
     ASKED = ("deny.asked", "waiting for sandgate approve (refused unless approved)")
+    CUT = ("deny.cut", "the gateway is cut off: its rules drifted, the watchdog stopped all")
 
     def __init__(self, key: str, label: str) -> None:
         self.key = key

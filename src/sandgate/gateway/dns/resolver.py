@@ -213,7 +213,17 @@ class Resolver:
         at once or when the upstream has answered. No task per question: a question that must
         go upstream waits as a callback, which is what keeps forwarding fast."""
         if self.cut:
-            reply(dnslogic.refused_wire(wire))  # the gateway is cut off: nothing is answered
+            # The gateway is cut off (gateway/watchdog.py): nothing is answered, each question
+            # is still an event, with the name where it can be read.
+            try:
+                name: str | None = dnslogic.parse_question(wire).name
+            except dnslogic.Malformed:
+                name = None
+            self._emit(
+                _key(guest, client, proto),
+                _event(guest, client, proto, name, deny(Reason.CUT), {"cut": True}),
+            )
+            reply(dnslogic.refused_wire(wire))
             return
         hit = None if self.forward_everything else self.cached(guest, wire, client, proto)
         if hit is not None:
