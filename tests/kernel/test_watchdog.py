@@ -71,11 +71,13 @@ def _wait(stack: Stack, cut: bool, within: float) -> float:
 class Session:
     """A sandbox that keeps trying the model server and DNS, writing what it sees."""
 
-    def __init__(self, stack: Stack, work: Path, policy: str | None = None) -> None:
+    def __init__(
+        self, stack: Stack, work: Path, policy: str | None = None, probe: str | None = None
+    ) -> None:
         self.work = work
+        probe = probe or "curl --noproxy '*' -s -m 1 -o /dev/null http://10.77.0.10:8000/v1/models"
         script = (
-            "while true; do "
-            "if curl --noproxy '*' -s -m 1 -o /dev/null http://10.77.0.10:8000/v1/models; "
+            f"while true; do if {probe}; "
             "then echo ok; else echo fail; fi >> /work/log; sleep 0.2; done"
         )
         self.stop = threading.Event()
@@ -182,6 +184,28 @@ def test_an_accept_rule_added_from_outside(watched: Stack, session: Session, ala
         check=True,
     )
     _cut_and_recover(watched, session, alarms, "ruleset")
+
+
+def test_questions_while_cut_off_are_events(watched: Stack, alarms: Path) -> None:
+    """Refused while cut off, each DNS question is still stored: ``deny.cut``, with its name."""
+    work = Path(tempfile.mkdtemp(prefix="sg-wd-"))
+    work.chmod(0o777)
+    asking = Session(watched, work, probe="getent ahostsv4 example.com >/dev/null")
+    try:
+        ns = f"--net=/proc/{watched.gateway.pid}/ns/net"
+        rule = ["inet", "sandgate", "forward", "ip", "daddr", "169.254.0.0/16", "accept"]
+        subprocess.run(["nsenter", ns, "nft", "insert", "rule", *rule], check=True)
+        _cut_and_recover(watched, asking, alarms, "ruleset")
+    finally:
+        asking.end()
+        shutil.rmtree(work, ignore_errors=True)
+    store = Store(watched.config.store) if watched.config else Store()
+    try:
+        events = store.events(kinds=[Kind.DNS])
+    finally:
+        store.close()
+    cut = [e for e in events if e.reason == "deny.cut"]
+    assert cut and all(e.name == "example.com" and e.verdict == "deny" for e in cut), cut[:3]
 
 
 @pytest.mark.parametrize("part", ["resolver", "proxy"])
