@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from ipaddress import IPv4Address, IPv4Network
+from typing import Any
 
 import pytest
 
@@ -113,3 +114,33 @@ def test_a_pin_groups_log_line_names_decides_rule(name: str, port: int) -> None:
     pinned = {(LINK.ifname, address): sorted(tags)}
     _, event = gateway_event(pkt, site, lambda src: None, None, lambda g, a: pinned[(g, a)])
     assert (event.verdict, event.rule) == (d.verdict.value, d.rule_ref), (name, port, event)
+
+
+def test_a_shorter_answer_does_not_shorten_a_shared_pin() -> None:
+    """Two names of one pin group at one address: the kernel keeps one element and sets its
+    timeout anew on each add, so the resolver pins the second with the longer TTL it holds."""
+    from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _Entry
+    from sandgate.policy.decide import Reason, allow
+
+    asked: list[tuple[tuple[str, ...], int, tuple[str, ...]]] = []
+
+    def pin(dns: object, addresses: tuple[str, ...], ttl: int, tags: Any, insp: bool) -> int:
+        asked.append((addresses, ttl, tuple(tags)))
+        return ttl
+
+    resolver = Resolver([], lambda key, event: None, pin)
+    guest = GuestDNS(LINK, None, PROFILE, "p")
+    address = ADDRESS["api.github.com"]
+
+    def answer(name: str, ttl: int, at: str = address) -> None:
+        tags = tuple(p.tag for p in pin_rules(PROFILE, name))
+        entry = _Entry(b"\0" * 12, 0.0, name, "A", allow(Reason.ANSWER), 0, (at,), ttl, tags)
+        resolver._ensure_pinned(guest, entry)
+
+    answer("api.github.com", 3600)  # allow[0], allow[2], allow[4]: sets a0, a2, a1
+    answer("gist.github.com", 60)  # allow[0], allow[3] (a0), allow[4] (a1): shared sets
+    (_, first, _), (_, second, tags) = asked
+    assert first == 3600 and {"a0.0", "a0.3", "a1.4"} <= set(tags), tags
+    assert second >= 3599, asked  # not 60: that would cut api.github.com's pin short
+    answer("pypi.org", 60, ADDRESS["pypi.org"])  # set a1 too, another address: its own TTL
+    assert asked[-1][1] == 60, asked
