@@ -171,6 +171,14 @@ def at_address(
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     cls = classify(address)
+    if not cls.special and cls.via is not None and cls.embedded is not None:
+        # The kernel drops the transition prefixes whole; a public IPv4 inside is refused as
+        # such, as decide() does (step 5).
+        return deny(
+            Reason.IPV6_EMBEDDING,
+            f"{address} is the {cls.via.label} form of {cls.embedded}: reach it over IPv4",
+            classification=cls,
+        )
     return deny(Reason.SPECIAL, f"{address} is {_describe(cls)}", classification=cls)
 
 
@@ -417,6 +425,8 @@ def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> De
         return deny(Reason.GATEWAY_PORT, f"{address} port {port}")
     if address.version == profile.guest_pool.version and address in profile.guest_pool:
         return deny(Reason.LATERAL, f"{address} is in the guest pool {profile.guest_pool}")
+    if address.version == 6 and address in profile.guest_pool6:
+        return deny(Reason.LATERAL, f"{address} is in the guests' IPv6 pool {profile.guest_pool6}")
     if address in profile.host_addresses:
         return deny(Reason.HOST, f"{address} is an address of the host the gateway runs on")
 
