@@ -860,13 +860,16 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
     return cmds
 
 
-def guest_uid_log() -> list[Json]:
+def guest_uid_log(ipv6: bool = False) -> list[Json]:
     """The table in each guest's own namespace: log every new outbound flow with its uid.
 
     The guest's processes hold no capability in that namespace, so they cannot change it.
     It drops nothing the gateway would pass; it exists for attribution (uid, and the 5-tuple
-    before NAT), and drops IPv6 as a second wall behind the disabled IPv6 on the link.
+    before NAT), and drops IPv6 as a second wall behind the disabled IPv6 on the link; with
+    ``ipv6`` (the uplink has it) only what the link would say by itself: neighbour and router
+    discovery, MLD (its neighbours are static, net/links.py).
     """
+    drop6 = [_icmp6(*_CHATTER6)] if ipv6 else [_match(_meta("nfproto"), "ipv6")]
     t = {"family": "inet", "table": TABLE}
     return [
         {"add": {"table": {"family": "inet", "name": TABLE}}},
@@ -912,7 +915,7 @@ def guest_uid_log() -> list[Json]:
                 "rule": {
                     **t,
                     "chain": "output",
-                    "expr": [_match(_meta("nfproto"), "ipv6"), {"drop": None}],
+                    "expr": [*drop6, {"drop": None}],
                 }
             }
         },

@@ -17,11 +17,11 @@ from sandgate.events.schema import Category, Event, FlowKey, Kind
 from sandgate.gateway.proxy.credentials import Secret
 from sandgate.net.compile import GuestLink
 from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny
-from sandgate.policy.model import Protocol
+from sandgate.policy.model import IPAddress, Protocol
 from sandgate.policy.profile import Profile
 from sandgate.policy.requests import judge_answers
 
-Resolve = Callable[[str], list[ipaddress.IPv4Address]]
+Resolve = Callable[[str], list[IPAddress]]  # A records; AAAA where a name has no A
 Emit = Callable[[FlowKey | None, Event], None]
 
 
@@ -50,14 +50,14 @@ Process = tuple[str | None] | None
 @dataclass(frozen=True)
 class Judged:
     decision: Decision
-    address: ipaddress.IPv4Address | None  # where to dial, when allowed
+    address: IPAddress | None  # where to dial, when allowed
     addresses: tuple[str, ...] = ()
 
 
 def judge(
     profile: Profile,
     name: str | None,
-    address: ipaddress.IPv4Address | None,
+    address: IPAddress | None,
     port: int,
     resolve: Resolve,
     request: tuple[str, str] | None = None,
@@ -82,18 +82,18 @@ def judge(
         return Judged(first, None)
     answers = resolve(name)
     judged = judge_answers(profile, name, port, answers, request=request, process=process)
-    dial = judged.address if isinstance(judged.address, ipaddress.IPv4Address) else None
-    return Judged(judged.decision, dial, tuple(str(a) for a in answers))
+    # An IPv6 answer is dialled only where decide() allowed it: where the uplink has IPv6.
+    return Judged(judged.decision, judged.address, tuple(str(a) for a in answers))
 
 
-def _literal(name: str) -> ipaddress.IPv4Address | None:
+def _literal(name: str) -> IPAddress | None:
     try:
         address = ipaddress.ip_address(name)
     except ValueError:
         return None
-    if isinstance(address, ipaddress.IPv6Address):
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
-    return address
+    return address  # an IPv6 literal: decide() judges it (deny.ipv6 without an IPv6 uplink)
 
 
 @dataclass
