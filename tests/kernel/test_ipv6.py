@@ -153,3 +153,16 @@ def test_allowlist_pins_aaaa_answers(stack6: tuple[Stack, Path], work: Path) -> 
     conns = {e.dst: e for e in events if e.kind is Kind.CONN}
     assert conns["2001:db8:203::99"].reason == "deny.not_allowlisted"
     assert conns[WEB6].reason == "allow.pinned", conns.get(WEB6)
+
+
+@pytest.mark.parametrize("mode", ["open", "allowlist"])
+def test_prove_passes_its_ipv6_probes(stack6: tuple[Stack, Path], mode: str) -> None:
+    """Every probe, IPv6 ones included, against a gateway whose uplink has IPv6: the
+    expectations come from decide() with ``uplink_ipv6``, and each is found in the log."""
+    from sandgate.prove.runner import ProveOptions, prove_on
+
+    stack, store = stack6
+    result = prove_on(stack, ProveOptions(world="test", mode=mode, store=str(store)))
+    assert not result.failed, "\n".join(f"{r.probe}: {r.why}" for r in result.failed)
+    six = [r for r in result.results if r.group == "ipv6"]
+    assert len(six) >= 7, [r.probe for r in six]

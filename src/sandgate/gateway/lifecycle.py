@@ -267,6 +267,7 @@ class Lifecycle:
             "proxy": f"http://{link.gateway}:{EXPLICIT_PORT}",
             "guest_pool": str(self.pool),
             "host_addresses": [str(a) for a in self.host_addresses],
+            "ipv6": str(link.guest6) if profile.uplink_ipv6 else None,  # issue 14 part 5
             "ca": self.proxy.ca_cert_pem().decode(),
             "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
             "model_hosts": profile.model_hosts(),
