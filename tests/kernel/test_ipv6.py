@@ -70,6 +70,8 @@ out["linklocal"] = tcp("fe80::1%%eth0", 22)
 out["mapped"] = tcp("::ffff:169.254.169.254", 8080)
 out["nat64"] = tcp("64:ff9b::a4d:a", 8000)
 out["other"] = tcp("2001:db8:203::99", 22)
+ip6 = subprocess.run(["ip", "-6", "addr", "show", "dev", "eth0"], capture_output=True, text=True)
+out["addrs"] = ip6.stdout
 print(json.dumps(out))
 """
 
@@ -138,6 +140,10 @@ def test_open_mode_reaches_the_ipv6_internet_and_refuses_the_special_forms(
     web = [e for e in events if e.kind is Kind.HTTP and e.dst in (WEB6, HOSTS6[V6_ONLY])]
     assert web and all(e.reason == "allow.open" for e in web), web
     assert got["pinned"] == f"err:ConnectionRefusedError:{WEB6}", got
+    # No link-local chatter: the guest's only IPv6 address is its own, nothing left the link
+    # with another source (the ingress chain would have logged deny.spoof_ip).
+    assert "fd53:4700:" in got["addrs"] and "scope link" not in got["addrs"], got["addrs"]
+    assert not [e for e in events if e.reason in ("deny.spoof_ip", "deny.ipv6")], events
 
 
 def test_allowlist_pins_aaaa_answers(stack6: tuple[Stack, Path], work: Path) -> None:
