@@ -1339,6 +1339,13 @@ def up(
         typer.Option("--notify", help="on an alarm: run this command, or POST to this URL"),
     ] = None,
     world_model: WorldModelOpt = None,
+    world_ipv6: Annotated[  # issue 14 part 5
+        bool,
+        typer.Option(
+            "--world-ipv6",
+            help="the test world gets an IPv6 internet (2001:db8::/32); guests get IPv6 egress",
+        ),
+    ] = False,
 ) -> None:
     """Bring up a gateway and keep it until Ctrl-C or `sandgate down`; restart it if it dies."""
     import signal as _signal
@@ -1359,6 +1366,8 @@ def up(
             load_policy(policy)  # a broken policy file stops here, before anything is built
         if world_model is not None and world != "test":
             raise SandgateError("--world-model needs --world test", "add --world test")
+        if world_ipv6 and world != "test":
+            raise SandgateError("--world-ipv6 needs --world test", "add --world test")
         stack = bring_up(
             name,
             world=world == "test",
@@ -1366,6 +1375,7 @@ def up(
             notify=notify,
             policy=policy,
             world_model=world_model,
+            world_ipv6=world_ipv6,
         )
     except SandgateError as exc:
         _fail(exc)

@@ -14,7 +14,8 @@ the policy's to say (policy/exemptions.py, policy/pins.py); this module only wri
 DNS to any server is redirected to the gateway's own resolver before routing (prerouting), and
 the gateway's own ports are closed but for that resolver (input). A netdev ingress chain on each
 guest link admits only IPv4 and ARP from the guest's own MAC and address: spoofed sources,
-IPv6 and other ethertypes never reach routing.
+IPv6 and other ethertypes never reach routing. Where the uplink has IPv6 (``uplink_ipv6``) it
+admits the guest's own IPv6 address too, judged by chains of its own (see "IPv6" below).
 
 Every verdict site jumps to a small chain of its own: an exact named counter, then NFLOG
 (rate-limited for drops), then the verdict. The NFLOG prefix names the site; ``Site`` records
