@@ -431,7 +431,7 @@ def _base6(
         name="special6",
         type="ipv6_addr",
         flags=["interval"],
-        elem=_prefixes(special6(public_override)) or ["::/128"],
+        elem=_prefixes(special6(public_override)) or ["::"],
     )
     b.add("set", name="never6", type="ipv6_addr", flags=["interval"], elem=_prefixes(_NEVER6))
     b.add("set", name="intercept6", type=["ifname", "ipv6_addr", "inet_service"])
