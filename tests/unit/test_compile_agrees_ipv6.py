@@ -137,7 +137,7 @@ def check(nft: Nft, p: Profile, pkt: Packet) -> None:
         assert logged.key == d.key, (pkt, logged.key, d.key)
 
 
-@pytest.mark.parametrize("name", list(PROFILES))
+@pytest.mark.parametrize("name", ["open", "open-testworld", "allowlist-testworld", "locked"])
 def test_ipv6_ruleset_agrees_with_decide_on_every_edge(name: str) -> None:
     p = PROFILES[name]
     nft = compiled(p)

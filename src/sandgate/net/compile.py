@@ -533,6 +533,10 @@ def _guest_forward6(b: _Builder, link: GuestLink, profile: Profile, fwd: str, in
     )
     for rule in denies:
         b.rule(in6, *_rule_match6(rule), b.site(in6, g, deny(Reason.RULE_DENY, rule=rule)))
+    # Link-scope multicast (ff02::1, solicited-node groups) is delivered here, not forwarded:
+    # refused as the class it is (at_address: deny.multicast), as decide() names it.
+    multicast = _match(_payload("ip6", "daddr"), _prefix(ipaddress.IPv6Network("ff00::/8")))
+    b.rule(in6, multicast, b.site(in6, g, deny(Reason.SPECIAL)))
     b.rule(in6, b.site(in6, g, deny(Reason.LATERAL)))
     intercepts = intercept_elements6(g, profile)
     if intercepts:
