@@ -323,9 +323,8 @@ class Lifecycle:
             await self.resolver.start_guest(dns)
             undo.append(lambda: Resolver.close_listeners(dns))
             t.mark("resolver")
-            pg = ProxyGuest(
-                link, session, profile, load_secrets(profile.secrets, session), self.processes.exe
-            )
+            secrets = load_secrets(profile.secrets, session)
+            pg = ProxyGuest(link, session, profile, secrets, self.processes.identity)
             if profile.ask:
                 approvals = self.approvals
                 pg.ask = lambda name: approvals.wait_blocking(link.ifname, session, name)

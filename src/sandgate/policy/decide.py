@@ -126,6 +126,7 @@ class Attempt:
     # it asked; ``exe`` None then means the process could not be identified (no rule matches).
     by_process: bool = False
     exe: str | None = None
+    parents: tuple[str, ...] = ()  # the executables above it in the sandbox, nearest first
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ def _request(profile: Profile, attempt: Attempt, d: Decision) -> Decision:
         entry = next((q for q in rule.spec.requests if q.matches(method, path)), None)
         if attempt.method is not None and rule.spec.requests and entry is None:
             continue
-        if attempt.by_process and rule.spec.process and attempt.exe not in rule.spec.process:
+        if attempt.by_process and rule.spec.process and not _process_matches(rule, attempt):
             continue
         return _allowed_by(d, rule, f": {entry}" if entry is not None else "")
     by_request = [r for r in restricting if r.spec.requests and attempt.method is not None]
@@ -242,11 +243,25 @@ def _request(profile: Profile, attempt: Attempt, d: Decision) -> Decision:
         return deny(Reason.REQUEST, detail, rule, classification=d.classification)
     by_process = [r for r in restricting if r.spec.process]
     who = attempt.exe or "a process that could not be identified"
-    only = "; ".join(
-        f"{r.ref} ({r.label}) is for {', '.join(r.spec.process or ())}" for r in by_process
-    )
+    if attempt.exe is not None and attempt.parents:
+        who += f" under {' < '.join(attempt.parents[:3])}"
+    only = "; ".join(f"{r.ref} ({r.label}) is for {_programs(r)}" for r in by_process)
     rule = by_process[0]
     return deny(Reason.PROCESS, f"{who}: {only}", rule, classification=d.classification)
+
+
+def _process_matches(rule: Rule, attempt: Attempt) -> bool:
+    """The flow's executable is one of the rule's, and its nearest parents are the rule's
+    ``under`` chain (when it has one). An unidentified process matches nothing."""
+    if attempt.exe is None or attempt.exe not in (rule.spec.process or ()):
+        return False
+    under = tuple(rule.spec.under or ())
+    return attempt.parents[: len(under)] == under
+
+
+def _programs(rule: Rule) -> str:
+    text = ", ".join(rule.spec.process or ())
+    return text + (f" under {' < '.join(rule.spec.under)}" if rule.spec.under else "")
 
 
 def _restricts(rule: Rule, attempt: Attempt) -> bool:
