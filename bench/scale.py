@@ -36,6 +36,7 @@ from sandgate.events.store import Store
 from sandgate.net import ns
 from sandgate.sandbox.workspace import SESSIONS_ROOT, our_mounts
 from sandgate.session.runner import RunOptions, run_in
+from sandgate.world import loadgen
 from sandgate.world.topology import HOSTS
 
 COUNTS = (1, 10, 50, 100)
@@ -365,43 +366,12 @@ def part_rules(bs: BenchStack, quick: bool, n: int = 100_000) -> dict[str, Any]:
 
 # -- soak --------------------------------------------------------------------------------------
 
-# Asks SOAK_NAMES DNS questions of the sandbox's resolver (raw UDP: exactly one question each,
-# no AAAA twin, no retry) and makes one TCP connection the policy drops.
-SOAK_SCRIPT = r"""
-import socket, struct, sys
-ns = open("/etc/resolv.conf").read().split()[1]
-for i in range(int(sys.argv[1])):
-    q = struct.pack(">HHHHHH", 0x1000 + i, 0x0100, 1, 0, 0, 0)
-    for part in (f"s{i}", "soak", "bench", "example"):
-        q += bytes([len(part)]) + part.encode()
-    q += b"\0" + struct.pack(">HH", 1, 1)
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(3)
-    s.sendto(q, (ns, 53))
-    s.recv(4096)
-    s.close()
-c = socket.socket()
-c.settimeout(0.3)
-try:
-    c.connect((sys.argv[2], int(sys.argv[3])))
-except OSError:
-    pass
-"""
-
-
 def part_soak(bs: BenchStack, sessions: int, concurrent: int) -> dict[str, Any]:
     pid = bs.stack.gateway.pid
 
     def opts(i: int) -> RunOptions:
         return RunOptions(
-            command=[
-                "/usr/bin/python3",
-                "-c",
-                SOAK_SCRIPT,
-                str(SOAK_NAMES),
-                DROPPED[0],
-                str(DROPPED[1]),
-            ],
+            command=loadgen.command(SOAK_NAMES, DROPPED, "s", "soak.bench.example"),
             world="test",
             store=bs.store,
             timeout=60,

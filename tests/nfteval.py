@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from typing import Any
 
 from sandgate.net.compile import PROXY_HTTP_PORT, PROXY_PORTS, PROXY_TLS_PORT, GuestLink, Site
@@ -44,22 +44,28 @@ _PROTO_NUMBERS = {1: "icmp", 6: "tcp", 17: "udp"}  # inet_proto elements may be 
 class Packet:
     """The first packet of a flow from a guest. Unset layer-2 fields are the link's guest's."""
 
-    daddr: IPv4Address
-    proto: str  # "tcp" | "udp" | "icmp"
+    daddr: IPv4Address | IPv6Address  # IPv6: ethertype "ip6" (``Packet.v6``)
+    proto: str  # "tcp" | "udp" | "icmp" ("icmp" of an IPv6 packet is ICMPv6)
     dport: int | None  # None for ICMP
     iifname: str | None = None  # the gateway-side link it arrives on
     name: str | None = None  # the name the proxy reads (SNI, Host); for decide(), not nft
-    saddr: IPv4Address | None = None  # the IPv4 source, or an ARP packet's sender address
+    saddr: IPv4Address | IPv6Address | None = None  # or an ARP packet's sender address
     smac: str | None = None
     ethertype: str = "ip"  # "ip" | "arp" | "ip6" | "vlan" ...
     dnat: bool = False  # conntrack's "ct status dnat": prerouting rewrote the destination
+    icmp_type: str | None = None  # an ICMPv6 type by nft's name ("nd-neighbor-solicit")
+
+    @classmethod
+    def v6(cls, daddr: IPv6Address, proto: str, dport: int | None, **kw: Any) -> Packet:
+        return cls(daddr, proto, dport, ethertype="ip6", **kw)
 
     def on(self, link: GuestLink) -> Packet:
         """This packet with its unset fields filled in from the link it is sent on."""
+        own = link.guest6 if self.ethertype == "ip6" else link.guest
         return replace(
             self,
             iifname=self.iifname or link.ifname,
-            saddr=self.saddr or link.guest,
+            saddr=self.saddr or own,
             smac=self.smac or link.mac,
         )
 
@@ -68,7 +74,7 @@ class Packet:
 class Verdict:
     kind: str  # "accept" | "drop" | "reject" | "redirect" | "proxy" | "dnat"
     site: str | None  # the verdict chain (or inline mark) that decided, if any
-    to: IPv4Address | None = None  # a dnat's new destination
+    to: IPv4Address | IPv6Address | None = None  # a dnat's new destination
 
 
 @dataclass
@@ -124,7 +130,11 @@ class Ruleset:
     # -- the path of a new packet from a guest ---------------------------------------------
 
     def judge(
-        self, pkt: Packet, local: set[IPv4Address], gateway: IPv4Address
+        self,
+        pkt: Packet,
+        local: set[Any],
+        gateway: IPv4Address,
+        gateway6: IPv6Address | None = None,
     ) -> tuple[bool, Verdict]:
         """Does the packet reach ``pkt.daddr``? And which verdict said so. ``gateway`` is the
         address of the link's own gateway, where redirected packets are delivered."""
@@ -132,6 +142,10 @@ class Ruleset:
         self.redirect_port: int | None = None
         pre = self.run_base("prerouting", pkt, local)
         door = self.redirect_port
+        if pkt.ethertype == "ip6" and pre.kind == "redirect":
+            gateway = gateway6  # type: ignore[assignment]  # the link's own IPv6 address
+            assert gateway is not None, "an IPv6 packet needs the link's gateway6"
+            pkt = replace(pkt, dnat=True)
         if pre.kind == "redirect" and pkt.proto == "tcp" and door in PROXIED.values():
             # Web traffic goes to the proxy's listener on the gateway, which judges it with
             # decide() (and the name, when there is one): the kernel's part is to get it there.
@@ -232,6 +246,12 @@ class Ruleset:
                 return pkt.daddr if pkt.ethertype == "ip" else None
             if field_ == ("ip", "saddr"):
                 return pkt.saddr if pkt.ethertype == "ip" else None
+            if field_ == ("ip6", "daddr"):
+                return pkt.daddr if pkt.ethertype == "ip6" else None
+            if field_ == ("ip6", "saddr"):
+                return pkt.saddr if pkt.ethertype == "ip6" else None
+            if field_ == ("icmpv6", "type"):
+                return pkt.icmp_type if pkt.ethertype == "ip6" else None
             if field_ == ("arp", "saddr ip"):
                 return pkt.saddr if pkt.ethertype == "arp" else None
             if field_ == ("ether", "saddr"):
@@ -241,11 +261,12 @@ class Ruleset:
             if field_ == ("th", "dport"):
                 return pkt.dport
         elif key == "meta":
+            v6 = pkt.ethertype == "ip6"
             return {
-                "l4proto": pkt.proto,
+                "l4proto": "ipv6-icmp" if v6 and pkt.proto == "icmp" else pkt.proto,
                 "iifname": pkt.iifname,
                 "iif": pkt.iifname,
-                "nfproto": "ipv4",
+                "nfproto": "ipv6" if v6 else "ipv4",
             }[arg["key"]]
         elif key == "ct":
             return {"state": "new", "mark": 0, "status": "dnat" if pkt.dnat else None}[arg["key"]]
@@ -288,8 +309,8 @@ def elem_has(elem: Any, value: Any) -> bool:
     if value is None:
         return False  # e.g. th dport of an ICMP packet
     if isinstance(elem, dict) and "prefix" in elem:
-        net = IPv4Network((elem["prefix"]["addr"], elem["prefix"]["len"]))
-        return isinstance(value, IPv4Address) and value in net
+        net = ip_network((elem["prefix"]["addr"], elem["prefix"]["len"]))
+        return isinstance(value, IPv4Address | IPv6Address) and value in net
     if isinstance(elem, dict) and "range" in elem:
         low, high = elem["range"]
         if isinstance(value, IPv4Address):
@@ -302,10 +323,10 @@ def elem_has(elem: Any, value: Any) -> bool:
         if not isinstance(value, tuple) or len(parts) != len(value):
             raise Unknown(f"concatenation {elem} for {value!r}")
         return all(elem_has(p, v) for p, v in zip(parts, value, strict=True))
-    if isinstance(value, IPv4Address):
+    if isinstance(value, IPv4Address | IPv6Address):
         if not isinstance(elem, str):
             raise Unknown(f"address element {elem!r}")
-        return IPv4Address(elem) == value
+        return ip_address(elem) == value
     if isinstance(elem, int) and isinstance(value, str) and elem in _PROTO_NUMBERS:
         return _PROTO_NUMBERS[elem] == value  # an inet_proto given by number
     if isinstance(elem, str) and elem.endswith("*") and isinstance(value, str):
@@ -336,7 +357,7 @@ class Nft:
         self.inet = Ruleset(cmds, "inet", sets or {})
         self.netdev = Ruleset(cmds, "netdev")
         self.link = link
-        self.local = {link.gateway, *local}
+        self.local: set[Any] = {link.gateway, link.gateway6, *local}
         # Verdict chains and marks by name (their counter without "c_").
         self.sites = {s.counter.removeprefix("c_"): s for s in sites.values()}
 
@@ -352,7 +373,7 @@ class Nft:
         at_l2 = self.ingress(pkt)
         if at_l2.kind != "accept":
             return False, at_l2
-        return self.inet.judge(pkt, self.local, self.link.gateway)
+        return self.inet.judge(pkt, self.local, self.link.gateway, self.link.gateway6)
 
     def site(self, verdict: Verdict) -> Site | None:
         return self.sites.get(verdict.site or "")

@@ -418,9 +418,10 @@ def explain(
         bool,
         typer.Option(
             "--ipv6/--no-ipv6",
-            help="judge as a gateway whose uplink has IPv6 (default: none, deny.ipv6)",
+            help="judge as a gateway whose uplink has IPv6 (the default), or one without "
+            "(--no-ipv6: IPv6 is deny.ipv6, as on pasta and handed uplinks today)",
         ),
-    ] = False,
+    ] = True,
 ) -> None:
     """Say whether the policy allows each target, by which rule, and why."""
     import ipaddress
@@ -459,11 +460,22 @@ def explain(
             f"{protocol!r}: choose tcp, udp or icmp", param_hint="--protocol"
         ) from None
     denied = False
+    v4_only = None
+    if ipv6:  # what a gateway without IPv6 would say instead, where it differs
+        v4_only = pol.profile(
+            profile, mode=Mode(m) if m else None, public_override=override, uplink_ipv6=False
+        )
     for target in targets:
         e = explain_one(prof, target, proto, resolve)
         denied |= e.verdict != "allow"
+        other = explain_one(v4_only, target, proto, resolve) if v4_only is not None else None
+        if other is not None and other.reason == e.reason:
+            other = None
         if json_out:
-            print(json.dumps(e.as_json()))
+            shown = {**e.as_json(), "uplink_ipv6": ipv6}
+            if other is not None:
+                shown["without_ipv6"] = {"verdict": other.verdict, "reason": other.reason}
+            print(json.dumps(shown))
         else:
             style = "green" if e.verdict == "allow" else "red"
             addrs = ", ".join(a["address"] for a in e.addresses)
@@ -478,6 +490,12 @@ def explain(
                 out.print(f"      requests: only {', '.join(e.requests)}", highlight=False)
             if e.inspected:
                 out.print(f"      {e.inspected}", highlight=False)
+            if other is not None:
+                out.print(
+                    f"      on a gateway whose uplink has no IPv6 (--no-ipv6): {other.verdict} "
+                    f"{other.reason}",
+                    highlight=False,
+                )
     raise typer.Exit(0)
 
 
@@ -1339,6 +1357,13 @@ def up(
         typer.Option("--notify", help="on an alarm: run this command, or POST to this URL"),
     ] = None,
     world_model: WorldModelOpt = None,
+    world_ipv6: Annotated[  # issue 14 part 5
+        bool,
+        typer.Option(
+            "--world-ipv6",
+            help="the test world gets an IPv6 internet (2001:db8::/32); guests get IPv6 egress",
+        ),
+    ] = False,
 ) -> None:
     """Bring up a gateway and keep it until Ctrl-C or `sandgate down`; restart it if it dies."""
     import signal as _signal
@@ -1359,6 +1384,8 @@ def up(
             load_policy(policy)  # a broken policy file stops here, before anything is built
         if world_model is not None and world != "test":
             raise SandgateError("--world-model needs --world test", "add --world test")
+        if world_ipv6 and world != "test":
+            raise SandgateError("--world-ipv6 needs --world test", "add --world test")
         stack = bring_up(
             name,
             world=world == "test",
@@ -1366,6 +1393,7 @@ def up(
             notify=notify,
             policy=policy,
             world_model=world_model,
+            world_ipv6=world_ipv6,
         )
     except SandgateError as exc:
         _fail(exc)

@@ -10,32 +10,10 @@ from sandgate.events.schema import Kind
 from sandgate.events.store import Store
 from sandgate.session.runner import RunOptions, run_in
 from sandgate.session.stack import Stack
+from sandgate.world import loadgen
 
 NAMES = 3
 DROPPED = ("10.77.0.20", 22)  # the NAS's ssh tripwire: the test world's policy drops it
-SCRIPT = r"""
-import socket, struct, sys
-ns = open("/etc/resolv.conf").read().split()[1]
-for i in range(int(sys.argv[1])):
-    q = struct.pack(">HHHHHH", 0x1000 + i, 0x0100, 1, 0, 0, 0)
-    for part in (f"c{i}", "conc", "example", "com"):
-        q += bytes([len(part)]) + part.encode()
-    q += b"\0" + struct.pack(">HH", 1, 1)
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(3)
-    s.sendto(q, (ns, 53))
-    try:
-        s.recv(4096)
-    except OSError:
-        sys.exit(10 + i)  # no answer to question i
-    s.close()
-c = socket.socket()
-c.settimeout(0.3)
-try:
-    c.connect((sys.argv[2], int(sys.argv[3])))
-except OSError:
-    pass
-"""
 
 
 def test_concurrent_sessions_get_answers_and_lose_no_event(stack: Stack, store_path: Path) -> None:
@@ -44,7 +22,7 @@ def test_concurrent_sessions_get_answers_and_lose_no_event(stack: Stack, store_p
 
     def one(i: int) -> tuple[str | None, int, str | None]:
         opts = RunOptions(
-            command=["/usr/bin/python3", "-c", SCRIPT, str(NAMES), DROPPED[0], str(DROPPED[1])],
+            command=loadgen.command(NAMES, DROPPED, "c", "conc.example.com"),
             world="test",
             store=str(store_path),
             timeout=60,

@@ -4,6 +4,7 @@ Chromium while a session runs, and ``/metrics`` growing with a session."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import re
@@ -18,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -240,3 +242,91 @@ def test_the_page_shows_a_session_live(dash: Dash, sandbox: Runner) -> None:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+ASK_SCRIPT = (
+    "curl -sS -m 40 -o /dev/null -w 'pypi %{http_code}\\n' https://pypi.org/simple/; "
+    "getent hosts github.com >/dev/null && echo 'github resolved' || echo 'github refused'"
+)
+
+
+def post(dash: Dash, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    req = urllib.request.Request(dash.url + "/approve", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_names_are_answered_from_the_page(dash: Dash, sandbox: Runner) -> None:
+    """A session run with ask: its waiting names show on the page, and its buttons answer them
+    (Allow once lets pypi.org through the proxy; Deny refuses github.com's question). A POST
+    from another origin, or not JSON, answers nothing."""
+    if shutil.which("chromedriver") is None:
+        pytest.skip("chromedriver is missing (setup.sh test installs it)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from sandgate.events.schema import Kind
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    profile = tempfile.mkdtemp(prefix="sg-dash-chromium-")
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
+        options.add_argument(flag)
+    os.environ["SE_AVOID_STATS"] = "true"
+    work = Path(tempfile.mkdtemp(prefix="sg-dash-ask-"))
+    (work / "ask.toml").write_text('[profiles.dev]\ninternet = "ask"\n')
+    done: list[Any] = []
+    run = threading.Thread(
+        target=lambda: done.append(
+            sandbox.sh(f"({ASK_SCRIPT}) 2>&1", policy=str(work / "ask.toml"), timeout=120)
+        )
+    )
+    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
+    try:
+        driver.get(dash.url + "/")  # root: let in by its socket, no token
+        wait = WebDriverWait(driver, 40)
+        wait.until(lambda d: d.find_element(By.ID, "conn").text == "live")
+        run.start()
+
+        def click(name: str, verdict: str) -> None:
+            row = f'#approvals tr[data-name="{name}"] button[data-verdict="{verdict}"]'
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row))[0].click()
+
+        click("pypi.org", "allow")
+        wait.until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, '#approvals tr[data-name="github.com"]')
+        )
+        # From the attacker's side: another origin's page, or a form post, cannot answer.
+        evil = {"content-type": "application/json", "origin": "http://evil.example"}
+        assert post(dash, b'{"name": "github.com"}', evil)[0] == 400
+        form = {"content-type": "application/x-www-form-urlencoded"}
+        assert post(dash, b"name=github.com&verdict=allow", form)[0] == 400
+        click("github.com", "deny")
+        try:
+            wait.until(lambda d: "deny github.com" in d.find_element(By.ID, "approve-msg").text)
+        except Exception:
+            raise AssertionError(driver.find_element(By.ID, "approve-msg").text) from None
+    finally:
+        if run.is_alive() or run.ident is not None:
+            run.join(150)
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    r = done[0]
+    out = Path(r.report.output or "").read_text()
+    assert "pypi 200" in out and "github refused" in out, out
+    seen = {
+        (e.name, e.details["approval"])
+        for e in sandbox.events(r, Kind.NOTICE)
+        if e.details.get("approval")
+    }
+    assert {("pypi.org", "allow"), ("github.com", "deny")} <= seen, seen
+    # Nothing waits now: the page's list is empty again.
+    assert json.loads(
+        get(dash.url + "/approvals", {"authorization": f"Bearer {dash.token}"})[1]
+    ) == {"pending": []}

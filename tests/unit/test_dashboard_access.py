@@ -9,6 +9,7 @@ import pytest
 from sandgate.errors import SandgateError
 from sandgate.report.dashboard import (
     Access,
+    approval_call,
     is_loopback,
     let_in,
     listener_hosts,
@@ -128,3 +129,33 @@ def test_token_file(tmp_path: Path) -> None:
         load_token(path)
     with pytest.raises(SandgateError, match="cannot write"):
         load_token(tmp_path / "no-such-dir" / "token")
+
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "want"),
+    [
+        (JSON, b'{"name": "pypi.org"}', {"op": "approve", "name": "pypi.org", "verdict": "allow"}),
+        (
+            {**JSON, "origin": "http://127.0.0.1:8377"},
+            b'{"name": "pypi.org", "verdict": "always", "guest": "sg-g1"}',
+            {"op": "approve", "name": "pypi.org", "verdict": "always", "guest": "sg-g1"},
+        ),
+        # A page elsewhere: a form post (no preflight) or a fetch from another origin.
+        ({"content-type": "text/plain"}, b'{"name": "pypi.org"}', "content-type"),
+        ({"content-type": "application/x-www-form-urlencoded"}, b"name=pypi.org", "content-type"),
+        ({**JSON, "origin": "http://evil.example"}, b'{"name": "pypi.org"}', "own page"),
+        ({**JSON, "origin": "null"}, b'{"name": "pypi.org"}', "own page"),
+        (JSON, b"{not json", "not JSON"),
+        (JSON, b'{"verdict": "allow"}', "names what waits"),
+        (JSON, b'{"name": "pypi.org", "verdict": "maybe"}', "allow, always, deny"),
+    ],
+)
+def test_an_answer_from_the_page(headers: dict[str, str], body: bytes, want: object) -> None:
+    call, why = approval_call(headers, body, HOSTS)
+    if isinstance(want, dict):
+        assert call == want and why == ""
+    else:
+        assert call is None and str(want) in why

@@ -259,12 +259,16 @@ def test_explain_command_json() -> None:
     from sandgate.cli import app
 
     target = "[2606:4700:4700::1111]:443"
-    on = CliRunner().invoke(app, ["explain", "--json", "--ipv6", target])
+    on = CliRunner().invoke(app, ["explain", "--json", target])  # as the issue writes it
     got = json.loads(on.stdout)
     assert (got["verdict"], got["reason"], got["addresses"][0]["class"]) == (
         "allow",
         "allow.open",
         "public",
     )
-    off = CliRunner().invoke(app, ["explain", "--json", target])
+    # And what an IPv4-only uplink would say instead, with the option that judges as one.
+    assert got["uplink_ipv6"] and got["without_ipv6"] == {"verdict": "deny", "reason": "deny.ipv6"}
+    off = CliRunner().invoke(app, ["explain", "--json", "--no-ipv6", target])
     assert json.loads(off.stdout)["reason"] == "deny.ipv6"
+    v4 = json.loads(CliRunner().invoke(app, ["explain", "--json", "203.0.113.9:443"]).stdout)
+    assert "without_ipv6" not in v4  # an IPv4 target is judged alike either way

@@ -58,7 +58,7 @@ EXPORTS = {
         "extract_claims", "flagged",
     ],
     "sandgate.vm": ["accel", "disk", "image", "launch", "qemu"],
-    "sandgate.world": ["fixtures", "homelab", "llm", "servers", "topology"],
+    "sandgate.world": ["fixtures", "homelab", "llm", "loadgen", "servers", "topology"],
     "sandgate.world.servers": [],  # each server is run as its own process (python -m ...)
 }  # fmt: skip
 

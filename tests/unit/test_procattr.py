@@ -318,12 +318,14 @@ def test_launchers_are_what_sandbox_bwrap_runs() -> None:
 
 
 def test_details_are_json() -> None:
-    info = ProcInfo(7, "/usr/bin/curl", ["curl", "-s"], [(7, "curl"), (5, "sh")], Role.TOOL, 9, 1)
+    chain = [(7, "curl"), (5, "sh")]
+    info = ProcInfo(7, "/usr/bin/curl", ["curl", "-s"], chain, Role.TOOL, 9, 1, ("/usr/bin/dash",))
     assert info.details() == {
         "pid": 7,
         "exe": "/usr/bin/curl",
         "cmdline": ["curl", "-s"],
         "chain": [[7, "curl"], [5, "sh"]],
+        "parents": ["/usr/bin/dash"],
         "role": "tool",
     }
 
@@ -427,6 +429,7 @@ def test_finds_the_tool_and_its_chain(fake: FakeProc) -> None:
         role=Role.TOOL,
         inode=555,
         uid=61000,
+        parents=("/usr/bin/dash", "/usr/bin/bwrap", "/usr/bin/bwrap"),  # for `under` rules
     )
     assert finder.processes() == [103, 102, 101, 100]
     assert (finder.stats.lookups, finder.stats.found) == (1, 1)

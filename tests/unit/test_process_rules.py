@@ -120,19 +120,19 @@ def test_the_proxy_asks_only_when_a_rule_needs_it() -> None:
     link = GuestLink.from_pool(ipaddress.ip_network("10.201.0.0/16"), 3, "02:00:00:00:00:03")
     asked: list[object] = []
 
-    def identify(key: object) -> str | None:
+    def identify(key: object) -> tuple[str | None, tuple[str, ...]]:
         asked.append(key)
-        return "/usr/bin/curl"
+        return "/usr/bin/curl", ("/usr/bin/dash",)
 
     guest = ProxyGuest(link, None, profile(), (), identify)
     who = guest.who(("g3", "tcp", 40000, "203.0.113.30", 443))
-    assert who == ("/usr/bin/curl",) and len(asked) == 1
+    assert who == ("/usr/bin/curl", ("/usr/bin/dash",)) and len(asked) == 1
     j = judge(guest.profile, "github.com", None, 443, lambda n: [GH], process=who)
     assert j.decision.key == "deny.process" and j.address is None
     plain = ProxyGuest(link, None, profile('[profiles.p]\ninternet = "open"\n'), (), identify)
     assert plain.who(("g3", "tcp", 40001, "203.0.113.30", 443)) is None and len(asked) == 1
     unknown = ProxyGuest(link, None, profile(), (), None)  # no process hold
-    assert unknown.who(("g3", "tcp", 40002, "203.0.113.30", 443)) == (None,)
+    assert unknown.who(("g3", "tcp", 40002, "203.0.113.30", 443)) == (None, ())
 
 
 def test_process_table_waits_briefly_and_stays_bounded() -> None:
@@ -142,8 +142,59 @@ def test_process_table_waits_briefly_and_stays_bounded() -> None:
     assert table.exe(key, wait=5) == GIT
     assert table.exe(("g3", "tcp", 2, "x", 1), wait=0.01) is None
     table.put(("g3", "tcp", 2, "x", 1), None)
-    table.put(("g3", "tcp", 3, "x", 1), {"exe": "/usr/bin/curl"})
+    table.put(("g3", "tcp", 3, "x", 1), {"exe": "/usr/bin/curl", "parents": [PY, "/usr/bin/dash"]})
     assert table.exe(key, wait=0) is None  # the oldest went
+    assert table.identity(("g3", "tcp", 3, "x", 1)) == ("/usr/bin/curl", (PY, "/usr/bin/dash"))
+    assert table.identity(("g3", "tcp", 2, "x", 1)) == (None, ())
+
+
+PY = "/usr/bin/python3.11"
+UNDER = f"""\
+[profiles.p]
+internet = "allowlist"
+allow = [
+  {{ domain = "pypi.org", port = 443, process = ["/usr/bin/curl"], under = ["{PY}"] }},
+  {{ domain = "github.com", process = ["{GIT}"], under = ["/usr/bin/git", "{PY}"] }},
+]
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "exe", "parents", "key"),
+    [
+        ("pypi.org", "/usr/bin/curl", (PY,), "allow.rule"),  # run by the framework itself
+        ("pypi.org", "/usr/bin/curl", (PY, "/usr/bin/bash"), "allow.rule"),  # nearest first
+        ("pypi.org", "/usr/bin/curl", ("/usr/bin/dash", PY), "deny.process"),  # by a shell
+        ("pypi.org", "/usr/bin/curl", (), "deny.process"),  # no parent known
+        ("pypi.org", "/usr/bin/wget", (PY,), "deny.process"),
+        ("github.com", GIT, ("/usr/bin/git", PY), "allow.rule"),
+        ("github.com", GIT, ("/usr/bin/git", "/usr/bin/dash", PY), "deny.process"),
+        ("github.com", GIT, ("/usr/bin/git",), "deny.process"),  # the chain is shorter
+    ],
+)
+def test_under_names_the_nearest_parents(
+    name: str, exe: str, parents: tuple[str, ...], key: str
+) -> None:
+    p = profile(UNDER)
+    d = decide(p, Attempt(TCP, GH, 443, name, by_process=True, exe=exe, parents=parents))
+    assert d.key == key, d
+    if key == "deny.process":
+        assert "under" in d.detail and (not parents or f"under {parents[0]}" in d.detail)
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        ('{ domain = "pypi.org", under = ["/usr/bin/python3"] }', "add process"),
+        ('{ domain = "pypi.org", process = ["/usr/bin/curl"], under = [] }', "empty under"),
+        ('{ domain = "pypi.org", process = ["/usr/bin/curl"], under = ["python3"] }', "absolute"),
+    ],
+)
+def test_a_wrong_under_names_its_line(rule: str, message: str) -> None:
+    text = f'[profiles.p]\ninternet = "allowlist"\nallow = [\n  {rule},\n]\n'
+    with pytest.raises(PolicyError) as exc:
+        parse_policy(text.encode(), "p.toml")
+    assert message in str(exc.value) and "p.toml:4" in str(exc.value), str(exc.value)
 
 
 def test_a_missing_executable_is_a_warning_with_its_line() -> None:

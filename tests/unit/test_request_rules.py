@@ -303,14 +303,16 @@ def test_explain_names_the_request_rules_and_the_forced_inspection() -> None:
     assert explain(p, "api.github.com:443", resolve=resolve.__getitem__).requests == []
 
 
-def test_the_cilium_export_says_it_widens_request_and_process_rules() -> None:
-    from sandgate.export.cilium import export_profile
+@pytest.mark.parametrize("exporter", ["cilium", "k8s"])
+def test_the_exports_say_they_widen_request_and_process_rules(exporter: str) -> None:
+    import importlib
 
+    export_profile = importlib.import_module(f"sandgate.export.{exporter}").export_profile
     text = (
         '[profiles.p]\ninternet = "allowlist"\nallow = [\n'
         '  { domain = "github.com", http = ["GET /*"] },\n'
         '  { domain = "pypi.org", process = ["/usr/bin/pip"] },\n]\n'
     )
-    warnings = export_profile(parse_policy(text.encode(), "p.toml"), "p").warnings
-    got = {(w.feature, w.effect, w.line) for w in warnings}
+    export = export_profile(parse_policy(text.encode(), "p.toml"), "p")
+    got = {(w.feature, w.effect, w.line) for w in export.warnings}
     assert {("request-rules", "widened", 4), ("process-rules", "widened", 5)} <= got

@@ -50,6 +50,7 @@ from sandgate.net.compile import (
     guest_uid_log,
     inspect_elements,
     pin_elements,
+    pin_elements6,
 )
 from sandgate.net.links import Plumber, guest_mac
 from sandgate.net.nflog import NflogSocket
@@ -121,6 +122,7 @@ class Lifecycle:
             guest_pool=self.pool,
             host_addresses=self.host_addresses,
             ask=bool(msg.get("ask")),
+            uplink_ipv6=self.cfg.uplink.has_ipv6,  # a wiring fact (issue 14 part 5)
         )
         return self._held_elsewhere(link, profile)
 
@@ -265,6 +267,7 @@ class Lifecycle:
             "proxy": f"http://{link.gateway}:{EXPLICIT_PORT}",
             "guest_pool": str(self.pool),
             "host_addresses": [str(a) for a in self.host_addresses],
+            "ipv6": str(link.guest6) if profile.uplink_ipv6 else None,  # issue 14 part 5
             "ca": self.proxy.ca_cert_pem().decode(),
             "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
             "model_hosts": profile.model_hosts(),
@@ -301,10 +304,10 @@ class Lifecycle:
                 undo.append(lambda: self.netlink.submit(self.plumber.release_guest, link).result())
                 t.mark("link")
             else:
-                await self._nl(self.plumber.attach_guest, link, netns)
+                await self._nl(self.plumber.attach_guest, link, netns, profile.uplink_ipv6)
                 undo.append(lambda: self.netlink.submit(self.plumber.detach_guest, link).result())
                 t.mark("link")
-                ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
+                ns.run_in(netns, lambda: _apply_in_place(guest_uid_log(profile.uplink_ipv6)))
                 t.mark("uid_log")
             cmds, sites = guest_add(link, profile, self.limits)
             self.nft.run(batch(*cmds))
@@ -320,9 +323,8 @@ class Lifecycle:
             await self.resolver.start_guest(dns)
             undo.append(lambda: Resolver.close_listeners(dns))
             t.mark("resolver")
-            pg = ProxyGuest(
-                link, session, profile, load_secrets(profile.secrets, session), self.processes.exe
-            )
+            secrets = load_secrets(profile.secrets, session)
+            pg = ProxyGuest(link, session, profile, secrets, self.processes.identity)
             if profile.ask:
                 approvals = self.approvals
                 pg.ask = lambda name: approvals.wait_blocking(link.ifname, session, name)
@@ -390,8 +392,14 @@ class Lifecycle:
         """Before the guest hears an answer: put its addresses into the pin sets the policy
         names (policy/pins.py), and send TLS to them through the proxy when the name is
         inspected. One transaction. The seconds the kernel keeps them."""
-        cmds = pin_elements(dns.link, addresses, ttl, tags, self.limits)
-        if inspect:
+        # AAAA answers (where the uplink has IPv6) join the rules' IPv6 pin sets; IPv6 TLS goes
+        # to the proxy whatever the name (net/compile.py), so it needs no inspect element.
+        v6 = tuple(a for a in addresses if ":" in a)
+        addresses = tuple(a for a in addresses if ":" not in a)
+        cmds = pin_elements(dns.link, addresses, ttl, tags, self.limits) if addresses else []
+        if v6 and dns.profile.uplink_ipv6:
+            cmds += pin_elements6(dns.link, v6, ttl, tags, self.limits)
+        if inspect and addresses:
             cmds.append(inspect_elements(dns.link, addresses, ttl, self.limits))
         if cmds:
             self.nft.run(batch(*cmds))
@@ -461,8 +469,9 @@ class Lifecycle:
             self._approvals = Approvals(
                 self.sink_loop, self._grant, self.sink.emit, self._overlay_for
             )
-            self.resolver.asks = lambda g, name, done: self._approvals is not None and (
-                self._approvals.ask(g.link.ifname, g.session, name, done)
+            self.resolver.asks = lambda g, name, done: (
+                self._approvals is not None
+                and (self._approvals.ask(g.link.ifname, g.session, name, done))
             )
         return self._approvals
 

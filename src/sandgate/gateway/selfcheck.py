@@ -341,7 +341,7 @@ class SelfCheck:
         gw.resolver.cut = gw.proxy.cut = False
         if gw.gate is not None:
             gw.gate.cut = False
-        await gw.netlink_call(gw.plumber.enable_forwarding)
+        await gw.netlink_call(gw.plumber.enable_forwarding, gw.cfg.uplink.has_ipv6)
 
     async def repair(self) -> None:
         """Re-apply every rule and restart every listener from what the gateway knows (under
@@ -352,7 +352,11 @@ class SelfCheck:
     async def _repair(self) -> None:
         gw = self.gw
         cmds, sites = base_ruleset(
-            gw.cfg.uplink.ifname, gw.pool, public_override=gw.public_override, limits=gw.limits
+            gw.cfg.uplink.ifname,
+            gw.pool,
+            public_override=gw.public_override,
+            limits=gw.limits,
+            ipv6=gw.cfg.uplink.has_ipv6,
         )
         gw.nft.run(batch(*cmds))
         gw.sites.update(sites)

@@ -168,6 +168,7 @@ class Gateway:
             limits=self.limits,
             guest_ifnames=ifnames if handed else None,
             fence=handed,
+            ipv6=self.cfg.uplink.has_ipv6,  # issue 14 part 5
         )
         self.nft.run(batch(*cmds))
         self.sites.update(sites)
@@ -179,7 +180,7 @@ class Gateway:
         if handed:
             await self._adopt_handed()
         # Rules first, forwarding second: never a moment of forwarding without a policy.
-        await self._nl(self.plumber.enable_forwarding)
+        await self._nl(self.plumber.enable_forwarding, self.cfg.uplink.has_ipv6)
         heartbeat = asyncio.ensure_future(self._heartbeat()) if handed else None
         self.feed.open(loop)
         self.check.note()

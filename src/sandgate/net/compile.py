@@ -14,7 +14,8 @@ the policy's to say (policy/exemptions.py, policy/pins.py); this module only wri
 DNS to any server is redirected to the gateway's own resolver before routing (prerouting), and
 the gateway's own ports are closed but for that resolver (input). A netdev ingress chain on each
 guest link admits only IPv4 and ARP from the guest's own MAC and address: spoofed sources,
-IPv6 and other ethertypes never reach routing.
+IPv6 and other ethertypes never reach routing. Where the uplink has IPv6 (``uplink_ipv6``) it
+admits the guest's own IPv6 address too, judged by chains of its own (see "IPv6" below).
 
 Every verdict site jumps to a small chain of its own: an exact named counter, then NFLOG
 (rate-limited for drops), then the verdict. The NFLOG prefix names the site; ``Site`` records
@@ -38,11 +39,19 @@ from sandgate.policy.decide import (
     deny,
     request_rules,
 )
-from sandgate.policy.exemptions import inner_special, is_exemption, special4, touches_special
+from sandgate.policy.exemptions import (
+    NEVER_EXEMPT6,
+    inner_special,
+    inner_special6,
+    is_exemption,
+    special4,
+    special6,
+    touches_special,
+)
 from sandgate.policy.groups import RuleGroup, group_address_rules
 from sandgate.policy.model import IPNetwork, Mode, Protocol
 from sandgate.policy.pins import PinGroup, pin_groups, set_of
-from sandgate.policy.profile import Profile, Rule
+from sandgate.policy.profile import GUEST_POOL6, Profile, Rule
 
 Json = dict[str, Any]
 
@@ -128,6 +137,22 @@ class GuestLink:
         know, so its ingress chain pins the guest's address only."""
         made = cls.from_pool(pool, index, "")
         return cls(index, ifname, made.subnet, made.gateway, made.guest, "")
+
+    # IPv6 (where the uplink has it): a /64 per guest index in GUEST_POOL6, gateway ::1,
+    # guest ::2, NAT66 to the uplink's address (see ``_guest_forward6``).
+    @property
+    def subnet6(self) -> ipaddress.IPv6Network:
+        if not 0 <= self.index < 1 << 16:
+            raise ValueError(f"guest {self.index} does not fit in the IPv6 pool {GUEST_POOL6}")
+        return ipaddress.IPv6Network((int(GUEST_POOL6.network_address) + (self.index << 64), 64))
+
+    @property
+    def gateway6(self) -> ipaddress.IPv6Address:
+        return self.subnet6[1]
+
+    @property
+    def guest6(self) -> ipaddress.IPv6Address:
+        return self.subnet6[2]
 
 
 @dataclass
@@ -225,6 +250,7 @@ def base_ruleset(
     limits: Limits = Limits(),
     guest_ifnames: Iterable[str] | None = None,
     fence: bool = False,
+    ipv6: bool = False,
 ) -> tuple[list[Json], dict[str, Site]]:
     """The gateway-wide tables; per-guest parts are added with ``guest_add``.
 
@@ -232,7 +258,8 @@ def base_ruleset(
     link the daemon makes. ``fence``: for a gateway whose tables outlive its daemon (a gateway
     VM): nothing is forwarded from a link unless it is in the ``alive`` set, whose elements the
     daemon keeps refreshing with a timeout (net/handed.py). A dead daemon stops refreshing and
-    forwarding stops by itself, by a rule that does not depend on the daemon.
+    forwarding stops by itself, by a rule that does not depend on the daemon. ``ipv6``: the
+    uplink has IPv6 (profiles with ``uplink_ipv6``): guests' IPv6 is judged, not dropped whole.
     """
     b = _Builder("inet", limits)
     guest_links: Any = "g*" if guest_ifnames is None else {"set": sorted(guest_ifnames)}
@@ -274,12 +301,13 @@ def base_ruleset(
         b.rule("forward", _match(_meta("iifname"), "@" + ALIVE_SET, op="!="), {"drop": None})
 
     invalid = b.site("gw", None, deny(Reason.INVALID))
-    ipv6 = b.site("gw", None, deny(Reason.IPV6))
+    no_ipv6 = b.site("gw", None, deny(Reason.IPV6))
     inbound = b.site("gw", None, deny(Reason.INBOUND))
     unknown = b.site("gw", None, deny(Reason.UNKNOWN_LINK))
     b.rule("forward", _ct_state("established", "related"), {"accept": None})
     b.rule("forward", _ct_state("invalid"), invalid)
-    b.rule("forward", _match(_meta("nfproto"), "ipv6"), ipv6)
+    if not ipv6:
+        b.rule("forward", _match(_meta("nfproto"), "ipv6"), no_ipv6)
     b.rule("forward", {"vmap": {"key": _meta("iifname"), "data": "@fwd"}})
     b.rule(
         "forward",
@@ -291,6 +319,8 @@ def base_ruleset(
     b.rule("forward", unknown)
 
     b.rule("input", _match(_meta("iif"), "lo"), {"accept": None})
+    if ipv6:  # the uplink's neighbour discovery (guest links have static neighbours)
+        b.rule("input", _match(_meta("iifname"), uplink), _icmp6(*_ND), {"accept": None})
     b.rule("input", _ct_state("established", "related"), {"accept": None})
     b.rule("input", {"vmap": {"key": _meta("iifname"), "data": "@in"}})
     b.rule("input", _match(_meta("iifname"), uplink), inbound)
@@ -351,8 +381,230 @@ def base_ruleset(
         _match(_payload("ip", "saddr"), _prefix(pool)),
         {"masquerade": None},
     )
+    if ipv6:
+        _base6(b, uplink, guest_links, public_override)
     cmds += b.cmds
     return cmds, b.sites
+
+
+# -- IPv6 (issue 14 part 5): only where the uplink has IPv6 ------------------------------------
+#
+# Each guest gets a /64 of GUEST_POOL6 (ULA) on its link and is NATed (masquerade, as IPv4) to
+# the uplink's address: NAT66, not a routed /64 per guest, because no uplink sandgate runs on
+# (pasta, a gateway VM's eth0, the test world) delegates a prefix to the gateway, and so that,
+# as for IPv4, a source address seen upstream never names a guest. Guest links carry no
+# link-local chatter: no link-local address, no DAD, no RA (net/links.py), static neighbours
+# both ways, and the neighbour-discovery and MLD the kernel would still send are dropped.
+# Web ports go to the proxy: port 80 like IPv4's, and all TLS on 443, because the kernel's
+# ClientHello gate (net/iptables.py) holds IPv4 only; the TLS door judges the SNI as the gate
+# does and passes the bytes through unless the name is inspected.
+
+_ND = ("nd-neighbor-solicit", "nd-neighbor-advert")
+# What an IPv6 interface says by itself: neighbour and router discovery, MLD.
+_CHATTER6 = (
+    *_ND,
+    "nd-router-solicit",
+    "nd-router-advert",
+    "nd-redirect",
+    "mld-listener-query",
+    "mld-listener-report",
+    "mld-listener-done",
+    "mld2-listener-report",
+)
+# Transition forms and unrouted scopes no allow rule opens; ::/127 (unspecified, loopback)
+# stays with its own class, which a rule naming it exempts as decide() does.
+_NEVER6 = sorted(
+    ipaddress.collapse_addresses(
+        [
+            *(n for n in NEVER_EXEMPT6 if n != ipaddress.IPv6Network("::/96")),
+            *ipaddress.IPv6Network("::/96").address_exclude(ipaddress.IPv6Network("::/127")),
+        ]
+    )
+)
+
+
+def _icmp6(*types: str) -> Json:
+    return _match(_payload("icmpv6", "type"), {"set": list(types)})
+
+
+def _base6(
+    b: _Builder, uplink: str, guest_links: Any, public_override: Iterable[IPNetwork]
+) -> None:
+    b.add(
+        "set",
+        name="special6",
+        type="ipv6_addr",
+        flags=["interval"],
+        elem=_prefixes(special6(public_override)) or ["::"],
+    )
+    b.add("set", name="never6", type="ipv6_addr", flags=["interval"], elem=_prefixes(_NEVER6))
+    b.add("set", name="intercept6", type=["ifname", "ipv6_addr", "inet_service"])
+    b.rule("output", _match(_meta("oifname"), guest_links), _icmp6(*_CHATTER6), {"drop": None})
+    web = [
+        _match(_meta("iifname"), guest_links),
+        _match(_meta("nfproto"), "ipv6"),
+        _match(_meta("l4proto"), "tcp"),
+    ]
+    intercepted = {"concat": [_meta("iifname"), _payload("ip6", "daddr"), _payload("th", "dport")]}
+    b.rule(
+        "prerouting",
+        *web,
+        _match(intercepted, "@intercept6"),
+        {"redirect": {"port": PROXY_HTTP_PORT}},
+    )
+    b.rule(
+        "prerouting",
+        *web,
+        _match(_payload("th", "dport"), 443),
+        {"redirect": {"port": PROXY_TLS_PORT}},
+    )
+    b.rule(
+        "postrouting",
+        _match(_meta("oifname"), uplink),
+        _match(_payload("ip6", "saddr"), _prefix(GUEST_POOL6)),
+        {"masquerade": None},
+    )
+
+
+def _guest_forward6(b: _Builder, link: GuestLink, profile: Profile, fwd: str, inp: str) -> None:
+    """The guest's IPv6, judged in decide()'s order (the IPv4 chains' twins)."""
+    g = link.ifname
+    fwd6, in6 = f"fwd6_{g}", f"in6_{g}"
+    b.add("chain", name=fwd6)
+    b.add("chain", name=in6)
+    v6 = _match(_meta("nfproto"), "ipv6")
+    b.rule(fwd, v6, {"goto": {"target": fwd6}})
+    b.rule(inp, v6, {"goto": {"target": in6}})
+    pins = pin_groups(profile)
+    for pin in pins:
+        b.add("set", name=pin6_set(g, pin.tag), type="ipv6_addr", flags=["timeout"])
+    daddr = _payload("ip6", "daddr")
+    denies = [r for r in profile.deny if r.spec.network is not None and r.spec.network.version == 6]
+    for rule in denies:
+        b.rule(fwd6, *_rule_match6(rule), b.site(fwd6, g, deny(Reason.RULE_DENY, rule=rule)))
+    b.rule(fwd6, _match(daddr, _prefix(profile.guest_pool6)), b.site(fwd6, g, deny(Reason.LATERAL)))
+    hosts = [str(a) for a in profile.host_addresses if a.version == 6]
+    if hosts:
+        b.rule(fwd6, _match(daddr, {"set": hosts}), b.site(fwd6, g, deny(Reason.HOST)))
+    for pin in pins:
+        if pin.action == "deny":
+            site = b.site(fwd6, g, deny(Reason.RULE_DENY, rule=_only(pin)), pins=pin)
+            scope = _scope_match6(pin.rules[0].rule)
+            b.rule(fwd6, _match(daddr, "@" + pin6_set(g, pin.tag)), *scope, site)
+    # Transition forms and unrouted scopes: the reader names the class, or deny.ipv6_embedding
+    # for a public IPv4 inside (at_address), as decide() does.
+    b.rule(fwd6, _match(daddr, "@never6"), b.site(fwd6, g, deny(Reason.SPECIAL)))
+    over = profile.public_override
+    for rule in profile.allow:
+        net = rule.spec.network
+        if not isinstance(net, ipaddress.IPv6Network):
+            continue
+        inner = inner_special6(net, over)
+        exclude = [_match(daddr, {"set": _prefixes(inner)}, op="!=")] if inner else []
+        reason = Reason.EXEMPT if is_exemption(net, over) else Reason.RULE_ALLOW
+        b.rule(fwd6, *_rule_match6(rule), *exclude, b.site(fwd6, g, allow(reason, rule)))
+    b.rule(fwd6, _match(daddr, "@special6"), b.site(fwd6, g, deny(Reason.SPECIAL)))
+    udp443 = [_match(_meta("l4proto"), "udp"), _match(_payload("th", "dport"), 443)]
+    b.rule(fwd6, *udp443, b.site(fwd6, g, deny(Reason.QUIC)))
+    b.rule(
+        fwd6,
+        _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
+        _match(_payload("th", "dport"), 853),
+        b.site(fwd6, g, deny(Reason.DNS_BYPASS)),
+    )
+    if profile.mode is Mode.OPEN:
+        b.rule(fwd6, b.site(fwd6, g, allow(Reason.OPEN)))
+    elif profile.mode is Mode.ALLOWLIST:
+        for pin in pins:
+            if pin.action == "allow":
+                site = b.site(fwd6, g, allow(Reason.PINNED, _only(pin)), pins=pin)
+                scope = _scope_match6(pin.rules[0].rule)
+                b.rule(fwd6, _match(daddr, "@" + pin6_set(g, pin.tag)), *scope, site)
+        b.rule(fwd6, b.site(fwd6, g, deny(Reason.NOT_ALLOWLISTED)))
+    else:
+        b.rule(fwd6, b.site(fwd6, g, deny(Reason.LOCKED)))
+
+    # The gateway's IPv6 address on the link serves only the web flows redirected to the
+    # proxy (conntrack's dnat status tells them from a guest dialling it); the resolver is
+    # the IPv4 one. Everything else there is the guest pool's, as decide() judges it.
+    b.rule(
+        in6,
+        _match(_payload("ip6", "daddr"), str(link.gateway6)),
+        _match({"ct": {"key": "status"}}, "dnat", op="in"),
+        _match(_meta("l4proto"), "tcp"),
+        _match(_payload("th", "dport"), {"set": [PROXY_HTTP_PORT, PROXY_TLS_PORT]}),
+        {"accept": None},
+    )
+    for rule in denies:
+        b.rule(in6, *_rule_match6(rule), b.site(in6, g, deny(Reason.RULE_DENY, rule=rule)))
+    # Link-scope multicast (ff02::1, solicited-node groups) is delivered here, not forwarded:
+    # refused as the class it is (at_address: deny.multicast), as decide() names it.
+    multicast = _match(_payload("ip6", "daddr"), _prefix(ipaddress.IPv6Network("ff00::/8")))
+    b.rule(in6, multicast, b.site(in6, g, deny(Reason.SPECIAL)))
+    b.rule(in6, b.site(in6, g, deny(Reason.LATERAL)))
+    intercepts = intercept_elements6(g, profile)
+    if intercepts:
+        b.add("element", name="intercept6", elem=intercepts)
+
+
+def intercept_elements6(ifname: str, profile: Profile) -> list[Json]:
+    """``intercept_elements``' IPv6 twin: plain HTTP to an IPv6 host:port with request rules."""
+    elems: list[Json] = []
+    for rule in profile.allow:
+        net = rule.spec.network
+        if not rule.spec.requests or not isinstance(net, ipaddress.IPv6Network):
+            continue
+        for port, _ in rule.spec.ports:
+            attempt = Attempt(Protocol.TCP, net.network_address, port)
+            if decide(profile, attempt).allowed and request_rules(profile, attempt):
+                elem: Json = {"concat": [ifname, str(net.network_address), port]}
+                if elem not in elems:
+                    elems.append(elem)
+    return elems
+
+
+def pin6_set(guest: str, tag: str) -> str:
+    """The IPv6 twin of ``pin_set``: the AAAA addresses a pin group's names resolved to."""
+    return f"pin6_{guest}_{set_of(tag)}"
+
+
+def pin_elements6(
+    link: GuestLink,
+    addresses: Iterable[str],
+    ttl: int,
+    tags: Iterable[str],
+    limits: Limits = Limits(),
+) -> list[Json]:
+    """Add AAAA addresses to the IPv6 pin sets named by ``tags``, timing out with their TTL."""
+    timeout = limits.pin_timeout(ttl)
+    elems = [{"elem": {"val": a, "timeout": timeout}} for a in addresses]
+    names = dict.fromkeys(pin6_set(link.ifname, tag) for tag in tags)  # a group's rules: one set
+    return [{"add": {"element": {**_inet, "name": name, "elem": elems}}} for name in names]
+
+
+def _rule_match6(rule: Rule) -> list[Json]:
+    assert rule.spec.network is not None
+    return [_match(_payload("ip6", "daddr"), _prefix(rule.spec.network)), *_scope_match6(rule)]
+
+
+def _scope_match6(rule: Rule) -> list[Json]:
+    """``_scope_match`` for IPv6 packets: a rule's "icmp" is ICMPv6 there."""
+    out = _scope_match(rule)
+    for m in out:
+        right = m["match"]["right"]
+        if m["match"]["left"] == _meta("l4proto") and isinstance(right, dict):
+            right["set"] = ["ipv6-icmp" if p == "icmp" else p for p in right["set"]]
+    return out
+
+
+def _guest_remove6(link: GuestLink, profile: Profile) -> tuple[list[Json], list[str]]:
+    """The IPv6 parts of a guest: its intercept elements to delete, its pin sets' names."""
+    g = link.ifname
+    cmds: list[Json] = []
+    intercepts = intercept_elements6(g, profile)
+    if intercepts:
+        cmds.append({"delete": {"element": {**_inet, "name": "intercept6", "elem": intercepts}}})
+    return cmds, [pin6_set(g, p.tag) for p in pin_groups(profile)]
 
 
 def guest_add(
@@ -367,6 +619,8 @@ def guest_add(
     pins = pin_groups(profile)
     for pin in pins:
         b.add("set", name=pin_set(g, pin.tag), type="ipv4_addr", flags=["timeout"])
+    if profile.uplink_ipv6:  # IPv6 goes to chains of its own first (issue 14 part 5)
+        _guest_forward6(b, link, profile, fwd, inp)
 
     # Address rules: a site each where they overlap another rule, else one interval set and
     # one site per scope (policy/groups.py); either way the log names decide()'s rule.
@@ -479,7 +733,7 @@ def guest_add(
     if intercepts:
         b.add("element", name="intercept4", elem=intercepts)
     cmds = b.cmds
-    nd_cmds, nd_sites = _guest_ingress(link, limits)
+    nd_cmds, nd_sites = _guest_ingress(link, limits, ipv6=profile.uplink_ipv6)
     return cmds + nd_cmds, {**b.sites, **nd_sites}
 
 
@@ -523,8 +777,11 @@ def intercept_elements(ifname: str, profile: Profile) -> list[Json]:
     return elems
 
 
-def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[str, Site]]:
-    """netdev ingress on the guest link: only IPv4 and ARP, from the guest's own MAC and address."""
+def _guest_ingress(
+    link: GuestLink, limits: Limits, ipv6: bool = False
+) -> tuple[list[Json], dict[str, Site]]:
+    """netdev ingress on the guest link: only IPv4 and ARP (and, ``ipv6``, IPv6), from the
+    guest's own MAC and address."""
     g = link.ifname
     b = _Builder("netdev", limits)
     chain = f"ing_{g}"
@@ -533,7 +790,7 @@ def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[st
     mac_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_MAC)) if link.mac else None
     ip_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_IP))
     arp_spoof = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_ARP))
-    ipv6 = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.IPV6))
+    ipv6_site = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.IPV6))
     other = b.site(f"l2_{g}", f"{g}/l2", deny(Reason.ETHERTYPE))
     ether_type = _payload("ether", "type")
     if mac_spoof is not None:
@@ -552,7 +809,11 @@ def _guest_ingress(link: GuestLink, limits: Limits) -> tuple[list[Json], dict[st
         {"accept": None},
     )
     b.rule(chain, _match(ether_type, "arp"), arp_spoof)
-    b.rule(chain, _match(ether_type, "ip6"), ipv6)
+    if ipv6:  # the guest's own IPv6 address only: no link-local, no unspecified source
+        ip6 = _match(ether_type, "ip6")
+        b.rule(chain, ip6, _match(_payload("ip6", "saddr"), str(link.guest6)), {"accept": None})
+        b.rule(chain, ip6, b.site(f"l2_{g}", f"{g}/l2", deny(Reason.SPOOF_IP)))
+    b.rule(chain, _match(ether_type, "ip6"), ipv6_site)
     b.rule(chain, other)
     return b.cmds, b.sites
 
@@ -573,6 +834,11 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
         target = {"family": "inet", "table": TABLE, "name": "intercept4"}
         cmds.append({"delete": {"element": {**target, "elem": intercepts}}})
     chains = {"inet": [f"fwd_{g}", f"in_{g}"], "netdev": [f"ing_{g}"]}
+    pin6_sets: list[str] = []
+    if profile.uplink_ipv6:
+        more, pin6_sets = _guest_remove6(link, profile)
+        cmds += more
+        chains["inet"] += [f"fwd6_{g}", f"in6_{g}"]
     if profile.expose:
         ports = sorted({r.port for r in profile.expose})
         cmds += [
@@ -598,16 +864,20 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
     cmds += [
         {"delete": {"set": {**_inet, "name": site.group_set}}} for site in sites if site.group_set
     ]
+    cmds += [{"delete": {"set": {**_inet, "name": n}}} for n in pin6_sets]
     return cmds
 
 
-def guest_uid_log() -> list[Json]:
+def guest_uid_log(ipv6: bool = False) -> list[Json]:
     """The table in each guest's own namespace: log every new outbound flow with its uid.
 
     The guest's processes hold no capability in that namespace, so they cannot change it.
     It drops nothing the gateway would pass; it exists for attribution (uid, and the 5-tuple
-    before NAT), and drops IPv6 as a second wall behind the disabled IPv6 on the link.
+    before NAT), and drops IPv6 as a second wall behind the disabled IPv6 on the link; with
+    ``ipv6`` (the uplink has it) only what the link would say by itself: neighbour and router
+    discovery, MLD (its neighbours are static, net/links.py).
     """
+    drop6 = [_icmp6(*_CHATTER6)] if ipv6 else [_match(_meta("nfproto"), "ipv6")]
     t = {"family": "inet", "table": TABLE}
     return [
         {"add": {"table": {"family": "inet", "name": TABLE}}},
@@ -653,7 +923,7 @@ def guest_uid_log() -> list[Json]:
                 "rule": {
                     **t,
                     "chain": "output",
-                    "expr": [_match(_meta("nfproto"), "ipv6"), {"drop": None}],
+                    "expr": [*drop6, {"drop": None}],
                 }
             }
         },

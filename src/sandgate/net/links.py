@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +48,14 @@ class Uplink:
     peer_ifname: str = ""
     peer_master: str = ""
     ifname: str = "up0"  # the uplink's name inside the gateway
+    # IPv6 (issue 14 part 5): the uplink's IPv6 CIDR and next hop, where it has IPv6 (kind
+    # "netns" only, today). With them the gateway judges and NATs its guests' IPv6.
+    address6: str = ""
+    via6: str = ""
+
+    @property
+    def has_ipv6(self) -> bool:
+        return bool(self.address6 and self.via6)
 
 
 # Namespace-wide settings of the gateway, written before forwarding is switched on.
@@ -94,6 +103,25 @@ def link_sysctl_values(ifname: str) -> dict[str, str]:
     }
 
 
+# An IPv6 link of ours that says nothing by itself: no link-local address (addr_gen_mode 1),
+# no duplicate address detection, no router advertisements or solicitations taken or sent.
+# Written before disable_ipv6 goes to 0, which is when the kernel would make a link-local.
+def quiet_ipv6_values(ifname: str) -> dict[str, str]:
+    return {
+        f"net.ipv6.conf.{ifname}.addr_gen_mode": "1",
+        f"net.ipv6.conf.{ifname}.accept_ra": "0",
+        f"net.ipv6.conf.{ifname}.accept_dad": "0",
+        f"net.ipv6.conf.{ifname}.dad_transmits": "0",
+        f"net.ipv6.conf.{ifname}.router_solicitations": "0",
+        f"net.ipv6.conf.{ifname}.accept_redirects": "0",
+        f"net.ipv6.conf.{ifname}.disable_ipv6": "0",
+    }
+
+
+IFA_F_NODAD = 0x02
+NUD_PERMANENT = 0x80
+
+
 def guest_mac(index: int) -> str:
     """A locally administered, stable MAC per guest index (the ingress chain pins it)."""
     return f"02:53:47:{(index >> 16) & 0xFF:02x}:{(index >> 8) & 0xFF:02x}:{index & 0xFF:02x}"
@@ -119,11 +147,15 @@ class Plumber:
         lo = self._index("lo")
         self.ipr.link("set", index=lo, state="up")
 
-    def enable_forwarding(self) -> None:
+    def enable_forwarding(self, ipv6: bool = False) -> None:
         ns.write_sysctls({"net.ipv4.ip_forward": "1"})
+        if ipv6:
+            ns.write_sysctls({"net.ipv6.conf.all.forwarding": "1"})
 
     def disable_forwarding(self) -> None:
         ns.write_sysctls({"net.ipv4.ip_forward": "0"})
+        if Path("/proc/sys/net/ipv6/conf/all/forwarding").exists():
+            ns.write_sysctls({"net.ipv6.conf.all.forwarding": "0"})
 
     @staticmethod
     def forwarding() -> bool:
@@ -169,11 +201,31 @@ class Plumber:
             peer.close()
         self._address_up(up.ifname, up.address)
         self.ipr.route("add", dst="default", gateway=up.via)
+        if up.has_ipv6:
+            # The uplink speaks neighbour discovery with its router (link-local and all), but
+            # takes no router advertisement: its address and route are the ones given here.
+            ns.write_sysctls(
+                {
+                    f"net.ipv6.conf.{up.ifname}.accept_ra": "0",
+                    f"net.ipv6.conf.{up.ifname}.disable_ipv6": "0",
+                }
+            )
+            iface6 = ipaddress.IPv6Interface(up.address6)
+            idx = self._index(up.ifname)
+            self.ipr.addr(
+                "add",
+                index=idx,
+                address=str(iface6.ip),
+                prefixlen=iface6.network.prefixlen,
+                flags=IFA_F_NODAD,
+            )
+            self.ipr.route("add", dst="::/0", gateway=up.via6, family=socket.AF_INET6)
 
     # -- guests -------------------------------------------------------------------------------
 
-    def attach_guest(self, link: GuestLink, guest_netns: str) -> None:
-        """Create the guest's veth (its end is eth0 inside ``guest_netns``); configure both ends."""
+    def attach_guest(self, link: GuestLink, guest_netns: str, ipv6: bool = False) -> None:
+        """Create the guest's veth (its end is eth0 inside ``guest_netns``); configure both ends.
+        ``ipv6``: the uplink has IPv6, and so does the link (``_quiet_ipv6``)."""
         ns.run_in(guest_netns, lambda: ns.write_sysctls(GUEST_SYSCTLS))
         fd = os.open(ns.path(guest_netns), os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -195,6 +247,43 @@ class Plumber:
             guest.addr("add", index=idx, address=str(link.guest), prefixlen=30)
             guest.link("set", index=idx, state="up")
             guest.route("add", dst="default", gateway=str(link.gateway))
+        finally:
+            guest.close()
+        if ipv6:
+            self._quiet_ipv6(link, guest_netns)
+
+    def _quiet_ipv6(self, link: GuestLink, guest_netns: str) -> None:
+        """IPv6 on a guest link without a word of its own: an address each end (the guest's
+        /64, no DAD), static neighbours both ways (so no neighbour discovery is needed, and the
+        guest's table drops what the kernel would still send), the guest's route via the
+        gateway's address."""
+        ns.write_sysctls(quiet_ipv6_values(link.ifname))
+        idx = self._index(link.ifname)
+        gw_mac = self.ipr.link("get", index=idx)[0].get_attr("IFLA_ADDRESS")
+        six = socket.AF_INET6
+        self.ipr.addr("add", index=idx, address=str(link.gateway6), prefixlen=64, flags=IFA_F_NODAD)
+        self.ipr.neigh(
+            "add",
+            dst=str(link.guest6),
+            lladdr=link.mac,
+            ifindex=idx,
+            state=NUD_PERMANENT,
+            family=six,
+        )
+        ns.run_in(guest_netns, lambda: ns.write_sysctls(quiet_ipv6_values(GUEST_IFNAME)))
+        guest = ns.iproute(guest_netns)
+        try:
+            gidx = guest.link_lookup(ifname=GUEST_IFNAME)[0]
+            guest.addr("add", index=gidx, address=str(link.guest6), prefixlen=64, flags=IFA_F_NODAD)
+            guest.neigh(
+                "add",
+                dst=str(link.gateway6),
+                lladdr=gw_mac,
+                ifindex=gidx,
+                state=NUD_PERMANENT,
+                family=six,
+            )
+            guest.route("add", dst="::/0", gateway=str(link.gateway6), family=six)
         finally:
             guest.close()
 

@@ -128,6 +128,7 @@ class Attempt:
     # it asked; ``exe`` None then means the process could not be identified (no rule matches).
     by_process: bool = False
     exe: str | None = None
+    parents: tuple[str, ...] = ()  # the executables above it in the sandbox, nearest first
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,14 @@ def at_address(
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     cls = classify(address)
+    if not cls.special and cls.via is not None and cls.embedded is not None:
+        # The kernel drops the transition prefixes whole; a public IPv4 inside is refused as
+        # such, as decide() does (step 5).
+        return deny(
+            Reason.IPV6_EMBEDDING,
+            f"{address} is the {cls.via.label} form of {cls.embedded}: reach it over IPv4",
+            classification=cls,
+        )
     return deny(Reason.SPECIAL, f"{address} is {_describe(cls)}", classification=cls)
 
 
@@ -219,7 +228,7 @@ def _request(profile: Profile, attempt: Attempt, d: Decision) -> Decision:
         entry = next((q for q in rule.spec.requests if q.matches(method, path)), None)
         if attempt.method is not None and rule.spec.requests and entry is None:
             continue
-        if attempt.by_process and rule.spec.process and attempt.exe not in rule.spec.process:
+        if attempt.by_process and rule.spec.process and not _process_matches(rule, attempt):
             continue
         return _allowed_by(d, rule, f": {entry}" if entry is not None else "")
     by_request = [r for r in restricting if r.spec.requests and attempt.method is not None]
@@ -236,11 +245,25 @@ def _request(profile: Profile, attempt: Attempt, d: Decision) -> Decision:
         return deny(Reason.REQUEST, detail, rule, classification=d.classification)
     by_process = [r for r in restricting if r.spec.process]
     who = attempt.exe or "a process that could not be identified"
-    only = "; ".join(
-        f"{r.ref} ({r.label}) is for {', '.join(r.spec.process or ())}" for r in by_process
-    )
+    if attempt.exe is not None and attempt.parents:
+        who += f" under {' < '.join(attempt.parents[:3])}"
+    only = "; ".join(f"{r.ref} ({r.label}) is for {_programs(r)}" for r in by_process)
     rule = by_process[0]
     return deny(Reason.PROCESS, f"{who}: {only}", rule, classification=d.classification)
+
+
+def _process_matches(rule: Rule, attempt: Attempt) -> bool:
+    """The flow's executable is one of the rule's, and its nearest parents are the rule's
+    ``under`` chain (when it has one). An unidentified process matches nothing."""
+    if attempt.exe is None or attempt.exe not in (rule.spec.process or ()):
+        return False
+    under = tuple(rule.spec.under or ())
+    return attempt.parents[: len(under)] == under
+
+
+def _programs(rule: Rule) -> str:
+    text = ", ".join(rule.spec.process or ())
+    return text + (f" under {' < '.join(rule.spec.under)}" if rule.spec.under else "")
 
 
 def _restricts(rule: Rule, attempt: Attempt) -> bool:
@@ -420,6 +443,8 @@ def _judge_address(profile: Profile, attempt: Attempt, address: IPAddress) -> De
         return deny(Reason.GATEWAY_PORT, f"{address} port {port}")
     if address.version == profile.guest_pool.version and address in profile.guest_pool:
         return deny(Reason.LATERAL, f"{address} is in the guest pool {profile.guest_pool}")
+    if address.version == 6 and address in profile.guest_pool6:
+        return deny(Reason.LATERAL, f"{address} is in the guests' IPv6 pool {profile.guest_pool6}")
     if address in profile.host_addresses:
         return deny(Reason.HOST, f"{address} is an address of the host the gateway runs on")
 

@@ -80,3 +80,58 @@ def is_exemption(net: IPNetwork, public_override: Iterable[IPNetwork] = ()) -> b
 
 
 __all__ = ["inner_special", "is_exemption", "special4", "subtract", "touches_special"]
+
+
+# -- IPv6 (issue 14 part 5), where the uplink has IPv6 ----------------------------------------
+
+# Prefixes no allow rule opens (decide(): ``_V6_UNROUTED``, and transition forms are judged by
+# their IPv4, never exempted): the kernel refuses them whole, before the allow rules.
+NEVER_EXEMPT6 = tuple(
+    ipaddress.IPv6Network(n)
+    for n in (
+        "::/96",  # IPv4-compatible (and ::, ::1)
+        "::ffff:0:0/96",  # IPv4-mapped: on the wire only from raw sockets
+        "64:ff9b::/96",  # NAT64
+        "64:ff9b:1::/48",  # NAT64 local use
+        "2001::/32",  # Teredo
+        "2002::/16",  # 6to4
+        "fe80::/10",  # link-local
+        "ff00::/8",  # multicast
+    )
+)
+
+
+def _subtract6(
+    nets: Iterable[ipaddress.IPv6Network], holes: Iterable[ipaddress.IPv6Network]
+) -> list[ipaddress.IPv6Network]:
+    out = list(nets)
+    for hole in holes:
+        nxt: list[ipaddress.IPv6Network] = []
+        for net in out:
+            if hole.subnet_of(net):
+                nxt += list(net.address_exclude(hole))
+            elif not net.subnet_of(hole):
+                nxt.append(net)
+        out = nxt
+    return sorted(ipaddress.collapse_addresses(out))
+
+
+def special6(public_override: Iterable[IPNetwork] = ()) -> list[ipaddress.IPv6Network]:
+    """The IPv6 special-purpose space, minus what the test world declares public."""
+    nets = [n for n in special_networks(6) if isinstance(n, ipaddress.IPv6Network)]
+    return _subtract6(nets, [o for o in public_override if isinstance(o, ipaddress.IPv6Network)])
+
+
+def inner_special6(
+    net: ipaddress.IPv6Network, public_override: Iterable[IPNetwork] = ()
+) -> list[ipaddress.IPv6Network]:
+    """Special IPv6 blocks strictly inside ``net``: an allow rule for ``net`` does not open them."""
+    inner = [
+        blk.network
+        for blk in BLOCKS
+        if isinstance(blk.network, ipaddress.IPv6Network)
+        and blk.network != net
+        and blk.network.subnet_of(net)
+    ]
+    overrides = [o for o in public_override if isinstance(o, ipaddress.IPv6Network)]
+    return _subtract6(sorted(ipaddress.collapse_addresses(inner)), overrides) if inner else []

@@ -218,7 +218,7 @@ class Policy:
         found = []
         for name, spec in self.file.profiles.items():
             for i, rule in enumerate(spec.allow):
-                for exe in rule.process or ():
+                for exe in (*(rule.process or ()), *(rule.under or ())):
                     if not exists(exe):
                         found.append(
                             _at(

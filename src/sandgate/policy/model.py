@@ -15,7 +15,14 @@ import re
 from functools import cached_property
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
@@ -75,6 +82,11 @@ class RuleSpec(_Strict):
     process: list[str] | None = Field(
         default=None, description="only these executables (absolute paths), allow only"
     )
+    under: list[str] | None = Field(
+        default=None,
+        description="with process: the executable's parents, nearest first (absolute paths), "
+        "e.g. git run by the framework itself rather than by a shell",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> RuleSpec:
@@ -99,6 +111,11 @@ class RuleSpec(_Strict):
             _check_request_scope(self)
         if self.process is not None:
             _check_process_scope(self)
+        if self.under is not None and self.process is None:
+            raise ValueError(
+                "'under' names the parents of a process rule's executable; add "
+                'process = ["/usr/bin/..."] or drop \'under\''
+            )
         return self
 
     @cached_property
@@ -194,13 +211,15 @@ class RuleSpec(_Strict):
                 raise ValueError(str(exc)) from exc
         return v
 
-    @field_validator("process")
+    @field_validator("process", "under")
     @classmethod
-    def _check_process(cls, v: list[str] | None) -> list[str] | None:
+    def _check_process(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
         if v is None:
             return v
         if not v:
-            raise ValueError("an empty process list would match nothing; drop 'process'")
+            raise ValueError(
+                f"an empty {info.field_name} list would match nothing; drop '{info.field_name}'"
+            )
         for item in v:
             if not item.startswith("/") or "/../" in item or item.endswith("/"):
                 raise ValueError(

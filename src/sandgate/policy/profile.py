@@ -88,6 +88,10 @@ class Rule:
         return self.action == "allow" or self.whole
 
 
+# ULA (RFC 4193), so no guest address is routable beyond the gateway; a /64 per guest index.
+GUEST_POOL6 = ipaddress.IPv6Network("fd53:4700::/48")
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -105,6 +109,9 @@ class Profile:
     # The gateway's uplink has IPv6, so guests get routed IPv6 egress (issue 14 part 5). Wiring,
     # like the gateway address: the daemon (or the test world) says so; no policy file can.
     uplink_ipv6: bool = False
+    # The guests' IPv6 addresses (a /64 each, NAT66 to the uplink: net/compile.py), where the
+    # uplink has IPv6: another guest's or the gateway's there is lateral, as in guest_pool.
+    guest_pool6: IPNetwork = field(default_factory=lambda: GUEST_POOL6)
     fronts: tuple[Front, ...] = ()
     expose: tuple[Expose, ...] = ()  # inbound forwards to this profile's guest
     tunnel_idle: float = 300.0

@@ -124,16 +124,17 @@ def judge_answers(
     answers: Sequence[IPAddress],
     protocol: Protocol = Protocol.TCP,
     request: tuple[str, str] | None = None,
-    process: tuple[str | None] | None = None,
+    process: tuple[str | None, tuple[str, ...]] | None = None,
 ) -> Answers:
     """Every answer judged with the name (and the request, if one is given: method, path;
-    and the process: (exe,), exe None if unidentified); one refused refuses the name."""
+    and the process: (exe, parents), exe None if unidentified); one refused refuses the name."""
     if not answers:
         return Answers(deny(Reason.UNRESOLVABLE, f"{name} does not resolve"), None)
     method, path = request or (None, None)
-    by, exe = (process is not None), (process[0] if process is not None else None)
+    by = process is not None
+    exe, parents = process if process is not None else (None, ())
     each = tuple(
-        (a, decide(profile, Attempt(protocol, a, port, name, method, path, by, exe)))
+        (a, decide(profile, Attempt(protocol, a, port, name, method, path, by, exe, parents)))
         for a in answers
     )
     refused = next((d for _, d in each if not d.allowed), None)

@@ -81,6 +81,54 @@ def _expect(
     return d.verdict.value, d.key
 
 
+# Where the gateway's uplink has IPv6 (issue 14 part 5): the guest link's IPv6 has static
+# neighbours only, so a packet to another on-link address never leaves the guest.
+_NO_IPV6 = "IPv6 is off on the guest's link: no packet can leave"
+_NO_ND = "no neighbour discovery on the guest's link: the packet never leaves the guest"
+# The test world's IPv6 internet (world/topology.py, TestWorld(ipv6=True)).
+WEB6, V6_ONLY = "2001:db8:203::10", "v6only.example.net"
+
+
+def _ipv6_probes(p: Profile, add: Any) -> None:
+    """IPv6 egress, judged like IPv4: the world's v6 web server by address and by an
+    AAAA-only name, an address no name resolved to, ULA, and the forms carrying an IPv4."""
+    add(
+        "IPv6 web server by address",
+        "ipv6",
+        f"http://[{WEB6}]/",
+        "http",
+        {"url": f"http://[{WEB6}]/"},
+        _expect(p, Protocol.TCP, WEB6, 80),
+        Match(("http",), WEB6, 80),
+        needs_world=True,
+    )
+    add(
+        "IPv6-only name (AAAA)",
+        "ipv6",
+        f"http://{V6_ONLY}/",
+        "http",
+        {"url": f"http://{V6_ONLY}/"},
+        _expect(p, Protocol.TCP, None, 80, V6_ONLY),
+        Match(("http", "dns"), name=V6_ONLY),
+        needs_world=True,
+    )
+    for pid, address, port in (
+        ("IPv6 web server, a port nothing listens on", WEB6, 22),
+        ("IPv6 unique local (ULA)", "fd00::10", 22),
+        ("6to4 form of the NAS", "2002:a4d:14::1", 22),
+    ):
+        add(
+            pid,
+            "ipv6",
+            f"[{address}]:{port}",
+            "tcp",
+            {"address": address, "port": port},
+            _expect(p, Protocol.TCP, address, port),
+            Match(("conn",), address, port, by_sport=True),
+            needs_world=True,
+        )
+
+
 def catalogue(ctx: Context) -> list[Probe]:
     p = ctx.profile
     out: list[Probe] = []
@@ -172,11 +220,14 @@ def catalogue(ctx: Context) -> list[Probe]:
         "metadata IPv6 fd00:ec2::254",
         "metadata",
         "[fd00:ec2::254]:80",
-        "tcp",
-        {"address": "fd00:ec2::254", "port": 80},
+        # With IPv6 on the link, port 80 goes to the proxy (as IPv4's does), which refuses it.
+        "http" if p.uplink_ipv6 else "tcp",
+        {"url": "http://[fd00:ec2::254]/"}
+        if p.uplink_ipv6
+        else {"address": "fd00:ec2::254", "port": 80},
         _expect(p, Protocol.TCP, "fd00:ec2::254", 80),
-        None,
-        no_log_why="IPv6 is off on the guest's link: no packet can leave",
+        Match(("http",), "fd00:ec2::254", 80) if p.uplink_ipv6 else None,
+        no_log_why="" if p.uplink_ipv6 else _NO_IPV6,
     )
 
     # -- the LAN: model server, NAS, host --------------------------------------------------------
@@ -238,9 +289,9 @@ def catalogue(ctx: Context) -> list[Probe]:
         "[fe80::1%eth0]:22",
         "tcp",
         {"address": "fe80::1%eth0", "port": 22},
-        ("deny", "deny.ipv6"),
+        _expect(p, Protocol.TCP, "fe80::1", 22) if p.uplink_ipv6 else ("deny", "deny.ipv6"),
         None,
-        no_log_why="IPv6 is off on the guest's link: no packet can leave",
+        no_log_why=_NO_ND if p.uplink_ipv6 else _NO_IPV6,
     )
     add(
         "IPv6 to the all-nodes group",
@@ -248,10 +299,12 @@ def catalogue(ctx: Context) -> list[Probe]:
         "ff02::1%eth0",
         "local",
         {"command": "ping -6 -c 1 -W 1 ff02::1%eth0"},
-        ("deny", "deny.ipv6"),
+        _expect(p, Protocol.ICMP, "ff02::1", None) if p.uplink_ipv6 else ("deny", "deny.ipv6"),
         None,
-        no_log_why="IPv6 is off on the guest's link: no packet can leave",
+        no_log_why=_NO_ND if p.uplink_ipv6 else _NO_IPV6,
     )
+    if p.uplink_ipv6:
+        _ipv6_probes(p, add)
     for claim in [MODEL, ctx.gateway]:
         add(
             f"ARP claim {claim}",
@@ -393,8 +446,8 @@ def catalogue(ctx: Context) -> list[Probe]:
         "tcp",
         {"address": "64:ff9b::a4d:14", "port": 22},
         _expect(p, Protocol.TCP, "64:ff9b::a4d:14", 22),
-        None,
-        no_log_why="IPv6 is off on the guest's link: no packet can leave",
+        Match(("conn",), "64:ff9b::a4d:14", 22, by_sport=True) if p.uplink_ipv6 else None,
+        no_log_why="" if p.uplink_ipv6 else _NO_IPV6,
         needs_world=True,
     )
 

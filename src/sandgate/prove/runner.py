@@ -119,6 +119,7 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
                 gateway_address=_ip(guest["gateway"]),
                 guest_pool=_networks((guest["guest_pool"],))[0],
                 host_addresses=tuple(_ip(a) for a in guest.get("host_addresses", ())),
+                uplink_ipv6=bool(guest.get("ipv6")),  # the gateway's wiring (issue 14 part 5)
             )
             secrets = guest.get("secrets") or {}
             placeholder = next((s["placeholder"] for s in secrets.values()), None)
@@ -195,7 +196,9 @@ def prove_on(stack: Stack, opts: ProveOptions) -> ProveResult:
             for p in holder["probes"]
         ]
         if world is not None:
-            results += _session_invariants(world.uplink.address, events, seen)
+            results += _session_invariants(
+                world.uplink.address, events, seen, world.uplink.address6
+            )
             results += _inbound(stack, holder["profile"], work, opts.store, run.session)
         report = run.report
         return ProveResult(
@@ -299,7 +302,7 @@ def _judge(
 
 
 def _session_invariants(
-    uplink: str, events: list[Event], seen: dict[str, list[dict[str, Any]]]
+    uplink: str, events: list[Event], seen: dict[str, list[dict[str, Any]]], uplink6: str = ""
 ) -> list[ProbeResult]:
     """The never-rules over the whole session: the outside saw only the gateway's uplink
     address, and no name the resolver refused before forwarding reached the upstream."""
@@ -310,6 +313,9 @@ def _session_invariants(
         for x in log
     ]
     foreign = foreign_sources(entries, source)
+    if uplink6:  # and its IPv6 address, as the world's logs write it: [2001:db8:77::2]
+        source += f" or [{uplink6.split('/', maxsplit=1)[0]}]"
+        foreign = [x for x in foreign if x.get("src") != source.rsplit(" or ", 1)[1]]
     # A name refused as such: denied before any answer, and never allowed in the session (an
     # AAAA or ANY question is refused by its type while the name's A question is answered).
     questions = [e for e in events if e.kind.value == "dns" and e.name]

@@ -9,7 +9,12 @@ One asyncio listener, HTTP/1.1 parsed by h11:
   each written and flushed as it comes;
 * ``/session/ID``: one session's report, rendered from the store;
 * ``/metrics``: Prometheus text (report/metrics.py): the gateway's exact totals (its ``metrics``
-  op) and the dashboard's own health.
+  op) and the dashboard's own health;
+* ``/approvals`` (GET) and ``/approve`` (POST): what waits for an answer in a session run with
+  ``--ask``, and the answer, as ``sandgate approve`` gives it (the gateway's ``approvals`` and
+  ``approve`` ops). A POST must be ``application/json`` and, when it names an Origin, come from
+  this listener's own: a page elsewhere cannot send one without a CORS preflight, which is
+  refused, so it cannot answer for a root-owned browser.
 
 Access (``let_in``): a loopback client whose TCP socket belongs to root or to an ``--allow-uid``
 is let in by its owner, found with an exact sock_diag lookup of its socket (net/sockdiag.py,
@@ -35,7 +40,7 @@ import time
 import traceback
 import urllib.parse
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +123,36 @@ def let_in(
     if is_loopback(peer) and access.owner_allowed(owner_uid):
         return True
     return token_matches(token, access.token)
+
+
+VERDICTS = ("allow", "always", "deny")
+
+
+def approval_call(
+    headers: Mapping[str, str], body: bytes, hosts: frozenset[str]
+) -> tuple[dict[str, Any] | None, str]:
+    """The gateway ``approve`` op a POST /approve asks for, or (None, why not)."""
+    ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        return None, "an answer is JSON: content-type application/json"
+    origin = headers.get("origin")
+    if origin is not None:
+        parts = urllib.parse.urlsplit(origin)
+        if parts.scheme != "http" or (hosts and parts.netloc.lower() not in hosts):
+            return None, f"an answer comes from this dashboard's own page, not {origin!r}"
+    try:
+        msg = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None, "the body is not JSON"
+    if not isinstance(msg, dict) or not isinstance(msg.get("name"), str) or not msg["name"]:
+        return None, 'the body names what waits: {"name": "pypi.org", "verdict": "allow"}'
+    verdict = msg.get("verdict", "allow")
+    if verdict not in VERDICTS:
+        return None, f"verdict is one of {', '.join(VERDICTS)}, not {verdict!r}"
+    call: dict[str, Any] = {"op": "approve", "name": msg["name"], "verdict": verdict}
+    if isinstance(msg.get("guest"), str):
+        call["guest"] = msg["guest"]
+    return call, ""
 
 
 def listener_hosts(host: str, port: int) -> frozenset[str]:
@@ -363,9 +398,10 @@ class Dashboard:
         looked_up = False
         try:
             while True:
-                request = await _next_request(conn, reader)
-                if request is None:
+                got = await _next_request(conn, reader)
+                if got is None:
                     return
+                request, body = got
                 self.health.requests += 1
                 headers = {k.decode().lower(): v.decode("latin-1") for k, v in request.headers}
                 target = request.target.decode("latin-1")
@@ -379,7 +415,7 @@ class Dashboard:
                     await _send(conn, writer, 401, "text/plain; charset=utf-8",
                                 b"" if request.method == b"HEAD" else refusal,
                                 [(b"www-authenticate", b"Bearer")])  # fmt: skip
-                elif not await self._route(conn, writer, request.method, target):
+                elif not await self._route(conn, writer, request.method, target, headers, body):
                     return
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
@@ -399,11 +435,19 @@ class Dashboard:
             writer.close()
 
     async def _route(
-        self, conn: h11.Connection, writer: asyncio.StreamWriter, method: bytes, target: str
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        method: bytes,
+        target: str,
+        headers: Mapping[str, str],
+        body: bytes,
     ) -> bool:
         """Answer one request; False when the connection is done (an event stream ended)."""
         path = urllib.parse.unquote(urllib.parse.urlsplit(target).path)
-        if method != b"GET":  # a HEAD answer has no body: h11 refuses one
+        if path == "/approve" and method == b"POST":
+            await self._approve(conn, writer, headers, body)
+        elif method != b"GET":  # a HEAD answer has no body: h11 refuses one
             body = b"" if method == b"HEAD" else b"GET only\n"
             await _send(conn, writer, 405, "text/plain", body, [(b"allow", b"GET")])
         elif path == "/":
@@ -412,6 +456,9 @@ class Dashboard:
         elif path == "/events":
             await self._stream(conn, writer)
             return False
+        elif path == "/approvals":
+            reply = await control_call(self.opts.control_path, {"op": "approvals"})
+            await self._json(conn, writer, reply, lambda r: {"pending": r["pending"]})
         elif path == "/metrics":
             text = await self.metrics_text()
             await _send(conn, writer, 200, metrics.CONTENT_TYPE, text.encode())
@@ -426,6 +473,38 @@ class Dashboard:
         else:
             await _send(conn, writer, 404, "text/plain", b"not found\n")
         return True
+
+    async def _approve(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        headers: Mapping[str, str],
+        body: bytes,
+    ) -> None:
+        call, why = approval_call(headers, body, self.access.hosts)
+        if call is None:
+            await _send(conn, writer, 400, "application/json", _error(why))
+            return
+        reply = await control_call(self.opts.control_path, call)
+        await self._json(conn, writer, reply, lambda r: r)
+
+    async def _json(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        reply: dict[str, Any] | None,
+        shown: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> None:
+        """A gateway reply as JSON: 502 when it does not answer, 409 with its error."""
+        if reply is None:
+            why = "the gateway does not answer"
+            await _send(conn, writer, 502, "application/json", _error(why))
+        elif not reply.get("ok"):
+            why = str(reply.get("error")) + (f" (fix: {reply['fix']})" if reply.get("fix") else "")
+            await _send(conn, writer, 409, "application/json", _error(why))
+        else:
+            body = {k: v for k, v in shown(reply).items() if k != "ok"}
+            await _send(conn, writer, 200, "application/json", json.dumps(body).encode())
 
     async def _stream(self, conn: h11.Connection, writer: asyncio.StreamWriter) -> None:
         if len(self.hub.clients) >= MAX_CLIENTS:
@@ -486,28 +565,37 @@ class Dashboard:
         return metrics.exposition(families)
 
 
-async def gateway_metrics(control_path: Path, timeout: float = 5.0) -> dict[str, Any] | None:
-    """The gateway's ``metrics`` reply, or None when it does not answer."""
+async def control_call(
+    control_path: Path, msg: dict[str, Any], timeout: float = 5.0
+) -> dict[str, Any] | None:
+    """One call on the gateway's control socket; None when it does not answer."""
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_unix_connection(
                 str(control_path), limit=control.MAX_LINE
             )
             try:
-                writer.write(control.encode({"op": "metrics"}))
+                writer.write(control.encode(msg))
                 await writer.drain()
-                reply = control.decode(await reader.readline())
+                return control.decode(await reader.readline())
             finally:
                 writer.close()
     except (OSError, ValueError, TimeoutError):
         return None
-    return reply if reply.get("ok") else None
 
 
-async def _next_request(conn: h11.Connection, reader: asyncio.StreamReader) -> h11.Request | None:
-    """The next request, its body (if any) read and dropped; None when the client is done."""
+async def gateway_metrics(control_path: Path, timeout: float = 5.0) -> dict[str, Any] | None:
+    """The gateway's ``metrics`` reply, or None when it does not answer."""
+    reply = await control_call(control_path, {"op": "metrics"}, timeout)
+    return reply if reply is not None and reply.get("ok") else None
+
+
+async def _next_request(
+    conn: h11.Connection, reader: asyncio.StreamReader
+) -> tuple[h11.Request, bytes] | None:
+    """The next request and its body (at most 64 KiB); None when the client is done."""
     request: h11.Request | None = None
-    body = 0
+    body = bytearray()
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
@@ -519,13 +607,17 @@ async def _next_request(conn: h11.Connection, reader: asyncio.StreamReader) -> h
         if isinstance(event, h11.Request):
             request = event
         elif isinstance(event, h11.Data):
-            body += len(event.data)
-            if body > 65536:
+            body += event.data
+            if len(body) > 65536:
                 raise h11.RemoteProtocolError("request body too large", 413)
         elif isinstance(event, h11.EndOfMessage):
-            return request
+            return None if request is None else (request, bytes(body))
         elif isinstance(event, h11.ConnectionClosed):
             return None
+
+
+def _error(why: str) -> bytes:
+    return json.dumps({"error": why}).encode()
 
 
 def _common_headers() -> list[tuple[bytes, bytes]]:

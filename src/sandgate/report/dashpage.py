@@ -183,6 +183,52 @@ source.onmessage = m => {
     connected(msg.connected);
   }
 };
+// Approvals (sessions run with --ask): what waits, with an answer per name, as `sandgate
+// approve` gives it. Polled: a wait is short (60 s by default) and seldom.
+async function answer(p, verdict) {
+  const r = await fetch(withToken('/approve'), {method: 'POST',
+    headers: {'content-type': 'application/json'},
+    body: JSON.stringify({name: p.name, guest: p.guest, verdict})});
+  const got = await r.json();
+  $('approve-msg').textContent = r.ok ? `${verdict} ${p.name}` +
+    (got.overlay ? `: its rule is in ${got.overlay}` : '') : got.error;
+  pollApprovals();
+}
+async function pollApprovals() {
+  let pending = [];
+  try {
+    const r = await fetch(withToken('/approvals'));
+    if (r.ok) pending = (await r.json()).pending;
+  } catch (e) { return; }
+  // Rows are kept while their name waits (a redraw would take a button from under a click).
+  const body = $('approvals');
+  const want = new Set(pending.map(p => p.guest + ' ' + p.name));
+  for (const tr of [...body.children]) if (!want.has(tr.dataset.key)) tr.remove();
+  for (const p of pending) {
+    const key = p.guest + ' ' + p.name;
+    const old = [...body.children].find(tr => tr.dataset.key === key);
+    if (old) { old.querySelector('td.w').textContent = `${p.waiting_s} s`; continue; }
+    const tr = document.createElement('tr');
+    tr.dataset.key = key;
+    tr.dataset.name = p.name;
+    cell(tr, p.name, 't'); cell(tr, p.session || ''); cell(tr, p.guest);
+    cell(tr, `${p.waiting_s} s`, 'w');
+    const td = document.createElement('td');
+    for (const [verdict, label] of [['allow', 'Allow once'], ['always', 'Always'],
+                                    ['deny', 'Deny']]) {
+      const b = document.createElement('button');
+      b.textContent = label;
+      b.dataset.verdict = verdict;
+      b.onclick = () => answer(p, verdict);
+      td.append(b);
+    }
+    tr.append(td);
+    body.append(tr);
+  }
+  $('approvals-box').hidden = pending.length === 0;
+}
+setInterval(pollApprovals, 1000);
+pollApprovals();
 source.onerror = () => { $('conn').className = 'down'; $('conn').textContent = 'reconnecting'; };
 """
 
@@ -207,6 +253,9 @@ def page(instance: str) -> str:
 <main>
 <div class="counters" id="counters-box"><span>events: <b id="total">0</b></span>
 <span>shown: <b id="shown">0</b></span><span id="counters" class="counters"></span></div>
+<div id="approvals-box" hidden><h2>Waiting for an answer</h2>
+<table><thead><tr><th>name</th><th>session</th><th>guest</th><th>waiting</th><th>answer</th>
+</tr></thead><tbody id="approvals"></tbody></table><p id="approve-msg"></p></div>
 <h2>Sessions</h2>
 <table><thead><tr><th>session</th><th>guest</th><th>profile</th><th>mode</th><th>started</th>
 <th>state</th><th>report</th><th>command</th></tr></thead><tbody id="sessions"></tbody></table>

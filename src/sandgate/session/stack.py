@@ -74,6 +74,7 @@ def bring_up(
     extra_env: dict[str, str] | None = None,
     policy: str | None = None,
     world_model: str | None = None,
+    world_ipv6: bool = False,
     **gateway_extra: Any,
 ) -> Stack:
     """Start a gateway (and a test world for it). The caller must ``teardown()``.
@@ -94,6 +95,7 @@ def bring_up(
             on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid),
             model_script=_world_script(),
             real_model=real_model,
+            ipv6=world_ipv6,  # the world's IPv6 internet (issue 14 part 5)
         )
     handle: GatewayHandle | None = None
     try:

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -220,45 +221,18 @@ def run(
         spec.uid,
     )
     argv = [*(prefix or []), *ns.nsenter_argv(box.netns), *qemu.argv(vm, console)]
-    box.proc = subprocess.Popen(
-        argv,
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    cleanup.add_pid(f"vm-{box.session}", box.proc.pid)
-    out = capture or vmdir / "output.log"
-    box.output = capture
-    pump = threading.Thread(target=_pump, args=(box.proc, out, echo), name="vm-out", daemon=True)
-    pump.start()
-    started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    booted = False
-    try:
-        while True:
-            try:
-                box.proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if stop is not None and stop.is_set():
-                return 143
-            if deadline is not None and now >= deadline:
-                return 124
-            if not booted:
-                booted = UP_MARK in _read(console)
-                if not booted and now - started > opts.boot_timeout:
-                    raise SandboxError(
-                        f"the VM guest did not boot within {opts.boot_timeout:g} s "
-                        f"(accelerator {a.name})",
-                        f"see its console log {console}",
-                    )
-    finally:
-        _end(box)
-        pump.join(timeout=5)
-        cleanup.forget_pids(f"vm-{box.session}")
+
+    def no_boot() -> Exception:
+        return SandboxError(
+            f"the VM guest did not boot within {opts.boot_timeout:g} s (accelerator {a.name})",
+            f"see its console log {console}",
+        )
+
+    watch = _Watch(capture, vmdir, echo, timeout, stop, opts.boot_timeout,
+                   lambda: UP_MARK in _read(console), no_boot)  # fmt: skip
+    ended = _boot_and_wait(box, argv, watch)
+    if ended is not None:
+        return ended
     try:
         return int(exit_file.read_text().strip())
     except (OSError, ValueError):
@@ -319,42 +293,13 @@ def _run_image(
             drives=qemu.Drives(overlay, seed_iso, status, info.root),
         )
         argv = [*(prefix or []), *ns.nsenter_argv(box.netns), *qemu.argv(vm, console)]
-        box.proc = subprocess.Popen(
-            argv,
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        cleanup.add_pid(f"vm-{box.session}", box.proc.pid)
-        box.output = capture
-        out = capture or vmdir / "output.log"
-        pump = threading.Thread(target=_pump, args=(box.proc, out, echo), name="vm-out",
-                                daemon=True)  # fmt: skip
-        pump.start()
-        started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        seeded = False
-        try:
-            while True:
-                try:
-                    box.proc.wait(timeout=0.2)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                now = time.monotonic()
-                if stop is not None and stop.is_set():
-                    return 143
-                if deadline is not None and now >= deadline:
-                    return 124
-                if not seeded:
-                    seeded = disk.SEED_MARK in _read(status)
-                    if not seeded and now - started > opts.boot_timeout:
-                        raise disk.no_seed_error(_read(console), opts.boot_timeout, own, console)
-        finally:
-            _end(box)
-            pump.join(timeout=5)
-            cleanup.forget_pids(f"vm-{box.session}")
+        watch = _Watch(capture, vmdir, echo, timeout, stop, opts.boot_timeout,
+                       lambda: disk.SEED_MARK in _read(status),
+                       lambda: disk.no_seed_error(_read(console), opts.boot_timeout, own,
+                                                  console))  # fmt: skip
+        ended = _boot_and_wait(box, argv, watch)
+        if ended is not None:
+            return ended
     finally:
         # The overlay holds whatever the guest wrote: it goes now, not with the session's disk.
         with contextlib.suppress(FileNotFoundError):
@@ -368,6 +313,62 @@ def _run_image(
             f"see its console log {console}",
         )
     return code
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """What a running guest is watched for: its output, the time it has, and its boot mark."""
+
+    capture: Path | None
+    vmdir: Path
+    echo: bool
+    timeout: float | None
+    stop: threading.Event | None
+    boot_timeout: float
+    booted: Callable[[], bool]
+    no_boot: Callable[[], Exception]
+
+
+def _boot_and_wait(box: Sandbox, argv: list[str], w: _Watch) -> int | None:
+    """Start QEMU as ``box.proc`` and wait for it: None once it has stopped by itself, 143 on
+    ``stop``, 124 out of time; raise ``w.no_boot()`` if the mark is not seen in time. QEMU is
+    always ended and forgotten on return."""
+    box.proc = subprocess.Popen(
+        argv,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    cleanup.add_pid(f"vm-{box.session}", box.proc.pid)
+    box.output = w.capture
+    out = w.capture or w.vmdir / "output.log"
+    pump = threading.Thread(target=_pump, args=(box.proc, out, w.echo), name="vm-out",
+                            daemon=True)  # fmt: skip
+    pump.start()
+    started = time.monotonic()
+    deadline = None if w.timeout is None else started + w.timeout
+    booted = False
+    try:
+        while True:
+            try:
+                box.proc.wait(timeout=0.2)
+                return None
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if w.stop is not None and w.stop.is_set():
+                return 143
+            if deadline is not None and now >= deadline:
+                return 124
+            if not booted:
+                booted = w.booted()
+                if not booted and now - started > w.boot_timeout:
+                    raise w.no_boot()
+    finally:
+        _end(box)
+        pump.join(timeout=5)
+        cleanup.forget_pids(f"vm-{box.session}")
 
 
 def _end(box: Sandbox) -> None:

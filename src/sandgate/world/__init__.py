@@ -6,6 +6,7 @@ __all__ = [
     "fixtures",
     "homelab",
     "llm",
+    "loadgen",
     "servers",
     "topology",
 ]

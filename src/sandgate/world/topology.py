@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -51,6 +52,24 @@ PUBLIC_IP = "198.51.100.10"  # a "hardcoded public IP" with a web server on it
 PROBE_HOST = "198.51.100.123"  # UDP echo on 123 (NTP) and 443 (QUIC): did a datagram get out?
 MODEL_TRIPWIRES = (22, 11434)  # the model server's other ports, listening, so a leak shows
 OPENAI = "203.0.113.50"  # api.openai.com: a model server that requires the world's API key
+
+# IPv6 (issue 14 part 5), for a world made with ``ipv6=True``: the LAN, the transit and the
+# "internet" get addresses in the documentation prefix 2001:db8::/32, which the world declares
+# public (``public_override``) as it does its IPv4 ranges; some names get AAAA records, one
+# (v6only.example.net) only that.
+ROUTER6 = "2001:db8:77::1"
+GATEWAY_UPLINK6 = "2001:db8:77::2/64"
+TRANSIT6 = ("2001:db8:77:ff::1/64", "2001:db8:77:ff::2/64")
+PUBLIC6 = ("2001:db8::/32",)
+V6_ONLY = "v6only.example.net"
+HOSTS6: dict[str, str] = {
+    "example.com": "2001:db8:203::10",
+    "www.example.com": "2001:db8:203::10",
+    "pypi.org": "2001:db8:203::20",
+    "github.com": "2001:db8:203::30",
+    "evil.example": "2001:db8:203::40",
+    V6_ONLY: "2001:db8:203::66",
+}
 
 # name -> address of the "public" hosts. Enough for report 000's tasks and the probes.
 HOSTS: dict[str, str] = {
@@ -136,6 +155,7 @@ class TestWorld:
     # The LAN model server: None, the scripted one; a world/llm.py model name ("smollm2"),
     # llama.cpp serving that model behind a metering relay (world/servers/llmrelay.py).
     real_model: str | None = None
+    ipv6: bool = False  # the world's IPv6 internet (HOSTS6): off unless asked for
 
     def ns(self, role: str) -> str:
         return f"sg-{self.instance}-{role}"
@@ -157,6 +177,8 @@ class TestWorld:
             ns.create(name)
             self.namespaces.append(name)
         self._wire(lan, wan, model, nas)
+        if self.ipv6:
+            self._wire6(lan, wan)
         from sandgate.gateway.proxy.ca import make_ca, write_pair  # cryptography: up, not run
 
         ca = make_ca(f"sandgate test world {self.instance}", days=30)
@@ -181,9 +203,11 @@ class TestWorld:
                 peer_netns=lan,
                 peer_ifname="gw0",
                 peer_master="br0",
+                address6=GATEWAY_UPLINK6 if self.ipv6 else "",
+                via6=ROUTER6 if self.ipv6 else "",
             ),
             upstream_dns=(RESOLVER,),
-            public_override=PUBLIC,
+            public_override=PUBLIC + PUBLIC6 if self.ipv6 else PUBLIC,
             ca_cert=ca_dir / "ca.pem",
             policy=policy,
             logs=logs,
@@ -274,6 +298,30 @@ class TestWorld:
             ipr.close()
         ns.run_in(wan, lambda: ns.write_sysctls({"net.ipv6.conf.all.disable_ipv6": "1"}))
 
+    def _wire6(self, lan: str, wan: str) -> None:
+        """IPv6 on the router's LAN bridge and transit, and the internet's hosts on wan's lo."""
+        v6 = {"net.ipv6.conf.all.disable_ipv6": "0", "net.ipv6.conf.default.disable_ipv6": "0"}
+        ns.run_in(lan, lambda: ns.write_sysctls({**v6, "net.ipv6.conf.all.forwarding": "1"}))
+        ns.run_in(wan, lambda: ns.write_sysctls(v6))
+        six = socket.AF_INET6
+        ipr = ns.iproute(lan)
+        try:
+            _addr6(ipr, "br0", f"{ROUTER6}/64")
+            _addr6(ipr, "wan0", TRANSIT6[0])
+            via = str(ipaddress.IPv6Interface(TRANSIT6[1]).ip)
+            ipr.route("add", dst="::/0", gateway=via, family=six)
+        finally:
+            ipr.close()
+        ipr = ns.iproute(wan)
+        try:
+            for address in sorted(set(HOSTS6.values())):
+                _addr6(ipr, "lo", f"{address}/128")
+            _addr6(ipr, "lan0", TRANSIT6[1])
+            via = str(ipaddress.IPv6Interface(TRANSIT6[0]).ip)
+            ipr.route("add", dst="2001:db8:77::/48", gateway=via, family=six)
+        finally:
+            ipr.close()
+
     # -- servers ------------------------------------------------------------------------------
 
     def _start_servers(
@@ -286,15 +334,17 @@ class TestWorld:
             "doh": [f"{RESOLVER}:443"],
             "ca_dir": str(ca_dir),
             "tls_names": ["dns.example.net"],
-            "zones": _zones(),
+            "zones": _zones(self.ipv6),
         }
         web_ips = sorted({*HOSTS.values(), PUBLIC_IP} - {RESOLVER, OPENAI})
+        if self.ipv6:
+            web_ips += [f"[{a}]" for a in sorted(set(HOSTS6.values()))]
         web_cfg = {
             "http": [f"{a}:80" for a in web_ips],
             "https": [f"{a}:443" for a in web_ips],
             "ca_dir": str(ca_dir),
             "h2": True,
-            "vhosts": _vhosts(self.base),
+            "vhosts": _vhosts(self.base, self.ipv6),
         }
         self.servers.append(self._start("dns", dns_cfg, logs["dns"], wan))
         self.servers.append(self._start("web", web_cfg, logs["web"], wan))
@@ -365,12 +415,14 @@ class TestWorld:
         return running
 
 
-def _zones() -> list[dict[str, Any]]:
+def _zones(ipv6: bool = False) -> list[dict[str, Any]]:
     zones: dict[str, list[dict[str, str]]] = {}
-    for name, address in {**HOSTS, **REBIND}.items():
+    records = [(n, "A", a) for n, a in {**HOSTS, **REBIND}.items()]
+    records += [(n, "AAAA", a) for n, a in HOSTS6.items()] if ipv6 else []
+    for name, rtype, address in records:
         origin = ".".join(name.split(".")[-2:])
         rel = name[: -len(origin)].rstrip(".") or "@"
-        zones.setdefault(origin, []).append({"name": rel, "type": "A", "value": address})
+        zones.setdefault(origin, []).append({"name": rel, "type": rtype, "value": address})
     for name, target in CNAMES.items():
         origin = ".".join(name.split(".")[-2:])
         rel = name[: -len(origin)].rstrip(".")
@@ -388,7 +440,7 @@ def _zones() -> list[dict[str, Any]]:
     return out
 
 
-def _vhosts(base: Path) -> list[dict[str, Any]]:
+def _vhosts(base: Path, ipv6: bool = False) -> list[dict[str, Any]]:
     title = (
         "<!doctype html><html><head><title>Example Domain</title></head>"
         "<body><h1>Example Domain</h1></body></html>"
@@ -431,9 +483,23 @@ def _vhosts(base: Path) -> list[dict[str, Any]]:
             vhosts.append({"names": [name, address], "builtins": True})
             taken.add(name)
     vhosts.append({"names": [PUBLIC_IP], "builtins": True})
+    if ipv6:
+        page = {"status": 200, "headers": {"content-type": "text/plain"}, "body": "IPv6 only\n"}
+        vhosts.append({"names": [V6_ONLY, HOSTS6[V6_ONLY]], "routes": {"/": page}})
+        for v in vhosts:  # each host also by its IPv6 literal
+            more = [HOSTS6[n] for n in v["names"] if n in HOSTS6 and n != V6_ONLY]
+            v["names"] = list(dict.fromkeys([*v["names"], *more]))
     (base / "wheels").mkdir(exist_ok=True)
     (base / "git").mkdir(exist_ok=True)
     return vhosts
+
+
+def _addr6(ipr: Any, ifname: str, cidr: str) -> None:
+    iface = ipaddress.IPv6Interface(cidr)
+    idx = ipr.link_lookup(ifname=ifname)[0]
+    ipr.addr(
+        "add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen, flags=0x02
+    )  # IFA_F_NODAD: usable at once
 
 
 def _lo_up(ipr: Any) -> None:

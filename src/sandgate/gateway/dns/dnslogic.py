@@ -466,12 +466,34 @@ def _fast_answer(
     return addresses, ttl_min, (flags & 0xF) | (ext_rcode << 4), tuple(sorted(aliases))
 
 
-def address_query(name: str, qid: int) -> bytes:
-    """An A query for ``name`` (the proxy resolves names it is asked to connect to)."""
-    msg = dns.message.make_query(dns.name.from_text(name), dns.rdatatype.A, use_edns=0)
+def address_query(name: str, qid: int, qtype: dns.rdatatype.RdataType = A) -> bytes:
+    """An A (or AAAA) query for ``name`` (the proxy resolves names it connects to)."""
+    msg = dns.message.make_query(dns.name.from_text(name), qtype, use_edns=0)
     msg.id = qid
     msg.flags |= dns.flags.RD
     return msg.to_wire()
+
+
+def nodata(wire: bytes) -> bool:
+    """A NOERROR answer without address records (the name exists, not with this type)."""
+    try:
+        return dns.message.from_wire(wire).rcode() == dns.rcode.NOERROR
+    except (dns.exception.DNSException, ValueError):
+        return False
+
+
+def aaaa_records(wire: bytes) -> list[ipaddress.IPv6Address]:
+    """The IPv6 addresses an answer gives."""
+    try:
+        msg = dns.message.from_wire(wire)
+    except (dns.exception.DNSException, ValueError):
+        return []
+    return [
+        ipaddress.IPv6Address(r.address)
+        for rrset in msg.answer
+        if rrset.rdtype == AAAA and rrset.rdclass == dns.rdataclass.IN
+        for r in rrset
+    ]
 
 
 def a_records(wire: bytes) -> list[ipaddress.IPv4Address]:

@@ -27,7 +27,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from sandgate.events.schema import Category, Event, FlowKey, FrozenDetails, Kind
@@ -153,7 +153,7 @@ class Resolver:
         """The loop the proxy's lookups (from its threads) are handed to."""
         self._loop = loop
 
-    def addresses_blocking(self, name: str) -> list[IPv4Address]:
+    def addresses_blocking(self, name: str) -> list[IPv4Address | IPv6Address]:
         """The proxy's lookup, from one of its threads: A records straight from the upstream
         (the proxy judges every one with the name, policy.requests.judge_answers)."""
         assert self._loop is not None
@@ -163,13 +163,19 @@ class Resolver:
         except (TimeoutError, OSError):
             return []
 
-    async def _addresses(self, name: str) -> list[IPv4Address]:
+    async def _addresses(self, name: str) -> list[IPv4Address | IPv6Address]:
+        """A records; for a name that has none (but exists), its AAAA records, which the
+        proxy's decide() allows only where the uplink has IPv6 (deny.ipv6 says so elsewhere)."""
         query = dnslogic.address_query(name, self.upstream.new_id())
         try:
             reply = await self.upstream.ask(query)
+            found: list[IPv4Address | IPv6Address] = [*dnslogic.a_records(reply)]
+            if not found and dnslogic.nodata(reply):
+                query = dnslogic.address_query(name, self.upstream.new_id(), dnslogic.AAAA)
+                found += dnslogic.aaaa_records(await self.upstream.ask(query))
         except (TimeoutError, OSError):
             return []
-        return dnslogic.a_records(reply)
+        return found
 
     async def stop_guest(self, guest: GuestDNS) -> None:
         if guest.udp is not None:
@@ -340,14 +346,15 @@ class Resolver:
 
         refusals: list[Decision] = []
 
-        def check(address: IPv4Address) -> str | None:
+        def check(address: IPv4Address | IPv6Address) -> str | None:
             d = decide_answer(profile, q.name, address)
             if d.allowed:
                 return None
             refusals.append(d)
             return d.key
 
-        ans = dnslogic.judge_answer(q, upstream, check)
+        # AAAA answers are judged like A where the uplink has IPv6 (issue 14 part 5).
+        ans = dnslogic.judge_answer(q, upstream, check, check if profile.uplink_ipv6 else None)
         aliased = dnsnames.judge_aliases(profile, q.name, ans.aliases, decision)
         if not aliased.allowed:
             wire = dnslogic.blocked(q, aliased.key, code=dnslogic.EDE_FILTERED)

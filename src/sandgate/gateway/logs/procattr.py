@@ -401,7 +401,7 @@ class ProcessFinder:
         with contextlib.suppress(OSError):
             cmdline = parse_cmdline(_read(f"{self._proc}/{pid}/cmdline"))
         chain: list[tuple[int, str]] = []
-        names: list[str | None] = []
+        exes: list[str] = []
         reached = False
         cur = pid
         while cur > 0 and len(chain) < MAX_DEPTH:
@@ -411,7 +411,7 @@ class ProcessFinder:
             if self.root_pid is None and cur != pid and not self._in_tree(cur):
                 break  # left the namespace: the previous one was the top
             chain.append((st.pid, st.comm))
-            names.append(os.path.basename(self._chain_exe(st, exe if cur == pid else None)))
+            exes.append(self._chain_exe(st, exe if cur == pid else None))
             if cur == self.root_pid:
                 reached = True
                 break
@@ -419,8 +419,11 @@ class ProcessFinder:
         if self.root_pid is None:
             reached = bool(chain)
         elif not reached:
-            chain = [c for c in chain if c[0] in self._members]
-        return ProcInfo(pid, exe, cmdline, chain, classify_chain(names, reached), inode, uid)
+            kept = [i for i, c in enumerate(chain) if c[0] in self._members]
+            chain, exes = [chain[i] for i in kept], [exes[i] for i in kept]
+        names: list[str | None] = [os.path.basename(e) for e in exes]
+        role = classify_chain(names, reached)
+        return ProcInfo(pid, exe, cmdline, chain, role, inode, uid, tuple(exes[1:]))
 
     def _chain_exe(self, st: ProcStat, known: str | None) -> str:
         if known is not None:

@@ -37,8 +37,12 @@ COPY = 128  # headers are enough: addresses and ports
 Report = Callable[[FlowKey, "int | None", "dict[str, Any] | None"], None]
 
 
+Identity = tuple["str | None", tuple[str, ...]]  # the executable (None: unknown), its parents
+
+
 class ProcessTable:
-    """Flow → the executable its hold found, for the proxy's process rules (issue 14).
+    """Flow → the executable its hold found and its parents, for the proxy's process rules
+    (issue 14).
 
     The hold reports a flow before it lets its first packet go, so by the time the proxy
     accepts the connection its entry is here; ``exe`` still waits a little for it (a report
@@ -47,22 +51,28 @@ class ProcessTable:
 
     def __init__(self, size: int = 16384) -> None:
         self._size = size
-        self._exes: OrderedDict[FlowKey, str | None] = OrderedDict()
+        self._exes: OrderedDict[FlowKey, Identity] = OrderedDict()
         self._cond = threading.Condition()
 
     def put(self, key: FlowKey, process: dict[str, Any] | None) -> None:
         exe = process.get("exe") if process is not None else None
+        parents = process.get("parents") if process is not None else None
+        known = exe if isinstance(exe, str) else None
+        above = tuple(p for p in parents if isinstance(p, str)) if isinstance(parents, list) else ()
         with self._cond:
-            self._exes[key] = exe if isinstance(exe, str) else None
+            self._exes[key] = (known, above if known is not None else ())
             self._exes.move_to_end(key)
             while len(self._exes) > self._size:
                 self._exes.popitem(last=False)
             self._cond.notify_all()
 
-    def exe(self, key: FlowKey, wait: float = 0.5) -> str | None:
+    def identity(self, key: FlowKey, wait: float = 0.5) -> Identity:
         with self._cond:
             self._cond.wait_for(lambda: key in self._exes, timeout=wait)
-            return self._exes.get(key)
+            return self._exes.get(key, (None, ()))
+
+    def exe(self, key: FlowKey, wait: float = 0.5) -> str | None:
+        return self.identity(key, wait)[0]
 
 
 class ProcessHold:

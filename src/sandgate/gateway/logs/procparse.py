@@ -162,6 +162,7 @@ class ProcInfo:
     role: str
     inode: int = 0
     uid: int | None = None
+    parents: tuple[str, ...] = ()  # the executables above it in the chain, nearest first
 
     def details(self) -> dict[str, Any]:
         """For an event's ``details`` (JSON types only)."""
@@ -170,5 +171,6 @@ class ProcInfo:
             "exe": self.exe,
             "cmdline": redact_argv(self.cmdline),  # a URL with a token, -H 'Authorization: …'
             "chain": [[pid, comm] for pid, comm in self.chain],
+            "parents": list(self.parents),
             "role": self.role,
         }

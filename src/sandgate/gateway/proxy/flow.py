@@ -10,18 +10,18 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sandgate.events.schema import Category, Event, FlowKey, Kind
 from sandgate.gateway.proxy.credentials import Secret
 from sandgate.net.compile import GuestLink
 from sandgate.policy.decide import Attempt, Decision, Reason, decide, deny
-from sandgate.policy.model import Protocol
+from sandgate.policy.model import IPAddress, Protocol
 from sandgate.policy.profile import Profile
 from sandgate.policy.requests import judge_answers
 
-Resolve = Callable[[str], list[ipaddress.IPv4Address]]
+Resolve = Callable[[str], list[IPAddress]]  # A records; AAAA where a name has no A
 Emit = Callable[[FlowKey | None, Event], None]
 
 
@@ -31,33 +31,34 @@ class ProxyGuest:
     session: str | None
     profile: Profile
     secrets: tuple[Secret, ...] = ()
-    # The executable behind a flow, as the guest's process hold found it (None: unknown).
-    identify: Callable[[FlowKey], str | None] | None = None
+    # The executable behind a flow and its parents, as the guest's process hold found them.
+    identify: Callable[[FlowKey], tuple[str | None, tuple[str, ...]]] | None = None
     # internet = "ask": wait (blocking, bounded) for an answer on a name (gateway/approvals.py)
     ask: Callable[[str], None] | None = None
 
     def who(self, key: FlowKey) -> Process:
-        """What process rules are judged with: whether to ask, and the executable."""
+        """What process rules are judged with: whether to ask, the executable and its parents."""
         if not self.profile.has_process_rules:
             return None
-        return (self.identify(key) if self.identify is not None else None,)
+        return self.identify(key) if self.identify is not None else (None, ())
 
 
-# None: the profile has no process rules (do not ask); (exe,): asked, exe None if unidentified.
-Process = tuple[str | None] | None
+# None: the profile has no process rules (do not ask); (exe, parents): asked, exe None if
+# unidentified.
+Process = tuple[str | None, tuple[str, ...]] | None
 
 
 @dataclass(frozen=True)
 class Judged:
     decision: Decision
-    address: ipaddress.IPv4Address | None  # where to dial, when allowed
+    address: IPAddress | None  # where to dial, when allowed
     addresses: tuple[str, ...] = ()
 
 
 def judge(
     profile: Profile,
     name: str | None,
-    address: ipaddress.IPv4Address | None,
+    address: IPAddress | None,
     port: int,
     resolve: Resolve,
     request: tuple[str, str] | None = None,
@@ -67,33 +68,34 @@ def judge(
     with ``request`` (method, path as sent), on that HTTP request to it; with ``process``
     (``ProxyGuest.who``), for that executable."""
     method, path = request or (None, None)
-    by, exe = (process is not None), (process[0] if process is not None else None)
+    exe, parents = process if process is not None else (None, ())
+    asked = Attempt(Protocol.TCP, None, port, None, method, path, process is not None, exe, parents)
     if name is None:
         if address is None:
             return Judged(deny(Reason.UNPARSEABLE, "no name and no address"), None)
-        d = decide(profile, Attempt(Protocol.TCP, address, port, None, method, path, by, exe))
+        d = decide(profile, replace(asked, address=address))
         return Judged(d, address if d.allowed else None, (str(address),))
     literal = _literal(name)
     if literal is not None:
-        d = decide(profile, Attempt(Protocol.TCP, literal, port, None, method, path, by, exe))
+        d = decide(profile, replace(asked, address=literal))
         return Judged(d, literal if d.allowed else None, (str(literal),))
-    first = decide(profile, Attempt(Protocol.TCP, None, port, name, method, path, by, exe))
+    first = decide(profile, replace(asked, name=name))
     if not first.allowed:
         return Judged(first, None)
     answers = resolve(name)
     judged = judge_answers(profile, name, port, answers, request=request, process=process)
-    dial = judged.address if isinstance(judged.address, ipaddress.IPv4Address) else None
-    return Judged(judged.decision, dial, tuple(str(a) for a in answers))
+    # An IPv6 answer is dialled only where decide() allowed it: where the uplink has IPv6.
+    return Judged(judged.decision, judged.address, tuple(str(a) for a in answers))
 
 
-def _literal(name: str) -> ipaddress.IPv4Address | None:
+def _literal(name: str) -> IPAddress | None:
     try:
         address = ipaddress.ip_address(name)
     except ValueError:
         return None
-    if isinstance(address, ipaddress.IPv6Address):
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
-    return address
+    return address  # an IPv6 literal: decide() judges it (deny.ipv6 without an IPv6 uplink)
 
 
 @dataclass

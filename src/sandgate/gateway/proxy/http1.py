@@ -205,12 +205,12 @@ def _one_request(
         # A fronted plain-HTTP service: TLS ends here, the service is dialled as the policy allows.
         port, dial_tls = ctx.front[1], None
         rec.port = port
-        address = ipaddress.IPv4Address(ctx.front[0])
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(ctx.front[0])
         judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
     elif _intercepted(ctx):
         # A host:port whose requests are judged (net/compile.py's intercept4): the request goes
         # where the guest sent it, judged by that address; the Host header does not steer it.
-        address, port = ipaddress.IPv4Address(ctx.original_dst[0]), ctx.original_dst[1]
+        address, port = ipaddress.ip_address(ctx.original_dst[0]), ctx.original_dst[1]
         rec.port = port
         judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
     else:

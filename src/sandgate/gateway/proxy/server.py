@@ -74,12 +74,20 @@ class Proxy:
     def start_guest(self, guest: ProxyGuest) -> None:
         address = str(guest.link.gateway)
         ls = _Listeners()
-        for port, handler in (
-            (EXPLICIT_PORT, self._explicit),
-            (HTTP_PORT, self._transparent_http),
-            (TLS_PORT, self._transparent_tls),
-        ):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        doors = [
+            (address, EXPLICIT_PORT, self._explicit),
+            (address, HTTP_PORT, self._transparent_http),
+            (address, TLS_PORT, self._transparent_tls),
+        ]
+        if guest.profile.uplink_ipv6:  # the guest's IPv6 web flows, redirected (issue 14)
+            six = str(guest.link.gateway6)
+            doors += [
+                (six, HTTP_PORT, self._transparent_http),
+                (six, TLS_PORT, self._transparent_tls),
+            ]
+        for address, port, handler in doors:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((address, port))
             sock.listen(256)
@@ -191,7 +199,7 @@ class Proxy:
     ) -> None:
         dst = original_dst(conn)
         rec = Record(guest, "transparent", peer, dst, port=dst[1], tls="passthrough")
-        self._tls(conn, rec, name=None, address=ipaddress.IPv4Address(dst[0]))
+        self._tls(conn, rec, name=None, address=ipaddress.ip_address(dst[0]))
 
     def _tunnel(self, conn: socket.socket, rec: Record, early: bytes) -> None:
         """After CONNECT: TLS (judged again on its SNI) or any other bytes, relayed raw."""
@@ -210,7 +218,7 @@ class Proxy:
         conn: socket.socket,
         rec: Record,
         name: str | None,
-        address: ipaddress.IPv4Address | None,
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None,
         early: bytes = b"",
     ) -> None:
         try:
@@ -291,7 +299,7 @@ class Proxy:
     def _raw(self, conn: socket.socket, rec: Record, early: bytes) -> None:
         assert rec.address is not None and rec.port is not None
         if rec.decision is not None:
-            address = ipaddress.IPv4Address(rec.address)
+            address = ipaddress.ip_address(rec.address)
             rec.decision = raw_relay(rec.guest.profile, rec.decision, rec.host, address, rec.port)
             if not rec.decision.allowed:
                 self._refuse(conn, rec)
@@ -346,6 +354,10 @@ def _no_delay(sock: socket.socket) -> None:
 
 def original_dst(conn: socket.socket) -> tuple[str, int]:
     """Where a redirected connection was going (conntrack remembers it)."""
+    if conn.family == socket.AF_INET6:  # IP6T_SO_ORIGINAL_DST: a sockaddr_in6
+        raw = conn.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+        port = struct.unpack_from("!H", raw, 2)[0]
+        return socket.inet_ntop(socket.AF_INET6, raw[8:24]), port
     raw = conn.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
     port = struct.unpack_from("!H", raw, 2)[0]
     return socket.inet_ntoa(raw[4:8]), port
