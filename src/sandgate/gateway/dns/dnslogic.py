@@ -67,6 +67,11 @@ class Question:
         return self.parsed if self.parsed is not None else dns.message.from_wire(self.wire)
 
     @property
+    def name_end(self) -> int:
+        """Where the question's name ends in ``wire`` (``qname_end``; 0 if compressed)."""
+        return self.question_end - 4 if self.qname_wire is not None else qname_end(self.wire)
+
+    @property
     def type_text(self) -> str:
         return dns.rdatatype.to_text(self.qtype)  # type: ignore[arg-type]
 
@@ -200,8 +205,9 @@ def judge_answer(
                 wire = blocked(q, refused, code=EDE_FILTERED)
                 return Answer(wire, (), 0, dns.rcode.NXDOMAIN, refused, str(address))
             shown.append(str(address))
-        # The answer as it came, under the guest's id: the reader checked every byte of it.
-        reply = q.id.to_bytes(2, "big") + upstream[2:]
+        # The answer as it came, under the guest's id and spelling of the name: the reader
+        # checked every byte of it.
+        reply = with_question(upstream, q.wire, q.name_end)
         return Answer(reply, tuple(shown), fast_ttl, fast_rcode, aliases=fast_aliases)
     try:
         resp = dns.message.from_wire(upstream)
@@ -234,9 +240,8 @@ def judge_answer(
     if check6 is None and (q.qtype == AAAA or any(r.rdtype == AAAA for r in resp.answer)):
         resp.answer = [r for r in resp.answer if r.rdtype != AAAA]
     ttl = 0 if ttl == 2**31 else ttl
-    return Answer(
-        resp.to_wire(), tuple(addresses), ttl, resp.rcode(), aliases=tuple(sorted(aliases))
-    )
+    reply = with_question(resp.to_wire(), q.wire, q.name_end)
+    return Answer(reply, tuple(addresses), ttl, resp.rcode(), aliases=tuple(sorted(aliases)))
 
 
 def _text(name: dns.name.Name) -> str:
@@ -261,13 +266,79 @@ def query_for_upstream(q: Question, new_id: int) -> bytes:
     return msg.to_wire()
 
 
-def cache_key(wire: bytes) -> bytes:
-    """Everything but the id: two queries with the same key get the same answer."""
-    return wire[2:]
+def cache_key(wire: bytes) -> bytes | None:
+    """Everything but the id, with the name's letters lower-cased: two queries with the same
+    key ask the same question (None: no name ending in the bytes, not worth a lookup).
+
+    The name is taken to end at the first zero byte, so no walk over labels is needed. That is
+    sound for any bytes: ``lower()`` leaves zero bytes and bytes below 64 (every label length)
+    as they are, so two wires with the same key have their first zero at the same place, the
+    same bytes after it and the same label lengths before it, and differ at most in the case of
+    letters inside labels, which DNS names do not tell apart (RFC 4343)."""
+    end = wire.find(0, 12)
+    if end < 0:
+        return None
+    return wire[2:12] + wire[12:end].lower() + wire[end:]
 
 
-def with_id(wire: bytes, qid: bytes) -> bytes:
-    return qid + wire[2:]
+def qname_end(wire: bytes) -> int:
+    """Where the question's name ends (after its zero label) when it is written out in full
+    from offset 12, as a query's is; 0 when it is compressed or runs past the end."""
+    pos, size = 12, len(wire)
+    while pos < size:
+        n = wire[pos]
+        if n == 0:
+            return pos + 1
+        if n > 63:
+            return 0
+        pos += 1 + n
+    return 0
+
+
+def with_question(answer: bytes, query: bytes, end: int) -> bytes:
+    """``answer`` under ``query``'s id and with the question's name spelt as the query spelt
+    it (resolvers echo the case, and clients using 0x20 randomisation check it), where the
+    answer's question is that name in full up to ``end`` (``qname_end``); else only the id."""
+    if end > 12 and len(answer) >= end and answer[12:end].lower() == query[12:end].lower():
+        return query[:2] + answer[2:12] + query[12:end] + answer[end:]
+    return query[:2] + answer[2:]
+
+
+def ttl_fields(wire: bytes) -> tuple[tuple[int, int], ...] | None:
+    """(offset, TTL) of every record's TTL field but OPT's (whose "TTL" holds flags), for
+    ageing a cached answer; None when the message cannot be walked (it is then not aged)."""
+    size = len(wire)
+    if size < 12:
+        return None
+    _qid, _flags, qd, an, ns, ar = _HEADER.unpack_from(wire)
+    pos = 12
+    for _ in range(qd):
+        got = _read_name(wire, pos, size)
+        if got is None or got[1] + 4 > size:
+            return None
+        pos = got[1] + 4
+    out: list[tuple[int, int]] = []
+    for _ in range(an + ns + ar):
+        got = _read_name(wire, pos, size)
+        if got is None or got[1] + 10 > size:
+            return None
+        pos = got[1]
+        rtype, _rclass, ttl, rdlen = _RR.unpack_from(wire, pos)
+        if rtype != T_OPT:
+            out.append((pos + 4, ttl))
+        pos += 10 + rdlen
+        if pos > size:
+            return None
+    return tuple(out) if pos == size else None
+
+
+def aged(wire: bytes, fields: tuple[tuple[int, int], ...], seconds: int) -> bytes:
+    """``wire`` with each TTL of ``fields`` lowered by ``seconds`` (not below 0), as a cache
+    hands out an answer it has held that long (RFC 1035 7.4)."""
+    out = bytearray(wire)
+    for offset, ttl in fields:
+        _TTL.pack_into(out, offset, max(0, min(ttl, 0x7FFFFFFF) - seconds))
+    return bytes(out)
 
 
 # -- fast readers for the common shapes (see the module docstring) -----------------------------
@@ -275,6 +346,7 @@ def with_id(wire: bytes, qid: bytes) -> bytes:
 _HEADER = struct.Struct("!HHHHHH")
 _QTAIL = struct.Struct("!HH")
 _RR = struct.Struct("!HHIH")
+_TTL = struct.Struct("!I")
 _OPT_1232 = b"\x00" + _RR.pack(41, 1232, 0, 0)  # dnspython's default EDNS payload
 _OPT_8192 = b"\x00" + _RR.pack(41, 8192, 0, 0)  # what make_response advertises
 # Label bytes the fast reader accepts: those dnspython prints without escaping, so the name's

@@ -85,11 +85,41 @@ class _Entry:
     pin: PinTags = ()  # the pin sets these addresses join at L3
     pins: bool = False  # the gateway must learn these addresses before the guest does
     inspect: bool = False  # an inspected name: send the guest's TLS to them to the proxy
-    tail: bytes = field(init=False)  # the wire without the id
+    made: float = 0.0  # when the upstream answered (monotonic)
+    ttls: tuple[tuple[int, int], ...] = ()  # the TTL fields that age (dnslogic.ttl_fields)
+    # The reply is rebuilt from bytes on a hit: the asker's id, then ``head`` (the rest of the
+    # header), then the asker's spelling of the name up to ``name_end``, then ``rest`` (aged
+    # once per elapsed second).
+    name_end: int = 0  # 0: the answer does not echo the name in full; only the id changes
+    query_tail: bytes = b""  # for such an answer, the one query (but its id) it answers
+    head: bytes = field(init=False, default=b"")
+    rest: bytes = field(init=False, default=b"")
+    age: int = field(init=False, default=0)
     hit: FrozenDetails | None = field(init=False, default=None)  # what answers from the cache log
 
-    def __post_init__(self) -> None:
-        self.tail = self.wire[2:]
+    def cache_for(self, query: bytes) -> None:
+        """Cut the answer for rebuilding, as the answer to ``query`` and its other spellings."""
+        end = dnslogic.qname_end(query)
+        if end and self.wire[12:end].lower() == query[12:end].lower():
+            self.name_end, self.head = end, self.wire[2:12]
+        else:  # the answer does not echo the name as asked: it answers this query only
+            self.name_end, self.query_tail, self.head, end = 0, query[2:], b"", 2
+        self.rest, self.age = self.wire[end:], 0
+
+    def reply(self, query: bytes, now: float) -> bytes | None:
+        """The answer to ``query`` (a question with this entry's cache key) at ``now``: the
+        cached bytes with the query's id and spelling, TTLs lowered by the whole seconds
+        held; None if this entry cannot answer that spelling."""
+        if self.ttls:
+            age = int(now - self.made)
+            if age != self.age:
+                self.age = age
+                self.rest = dnslogic.aged(self.wire, self.ttls, age)[self.name_end or 2 :]
+        if self.name_end:
+            return query[:2] + self.head + query[12 : self.name_end] + self.rest
+        if query[2:] != self.query_tail:
+            return None
+        return query[:2] + self.rest
 
     def details(self, *, cached: bool) -> dict[str, Any]:
         if cached and self.hit is not None:
@@ -127,6 +157,7 @@ class Resolver:
         self.cut = False  # the watchdog cut the gateway off: refuse every question
         self.forward_everything = False  # fault injection (tests of `prove` only)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.clock: Callable[[], float] = time.monotonic  # tests age the cache with their own
 
     async def start_guest(self, guest: GuestDNS) -> None:
         loop = asyncio.get_running_loop()
@@ -196,14 +227,23 @@ class Resolver:
     def cached(
         self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str
     ) -> bytes | None:
-        """The fast path: an answer from the cache, logged, or None."""
-        entry = self._cache.get((guest.profile_key, wire[2:]))
-        if entry is None or entry.expires < time.monotonic():
+        """The fast path: an answer from the cache, logged, or None. No parse: the cached
+        bytes get the query's id and spelling of the name and their TTLs aged (_Entry.reply);
+        tests/unit/test_dns_cache.py checks them against the slow path's answer."""
+        key = dnslogic.cache_key(wire)
+        entry = self._cache.get((guest.profile_key, key)) if key is not None else None
+        if entry is None:
+            return None
+        now = self.clock()
+        if entry.expires < now:
+            return None
+        reply = entry.reply(wire, now)
+        if reply is None:
             return None
         if entry.pins:
             self._ensure_pinned(guest, entry)
         self._log(guest, client, proto, entry, cached=True)
-        return wire[:2] + entry.tail
+        return reply
 
     def resolve(
         self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str, reply: Reply
@@ -259,7 +299,7 @@ class Resolver:
                 traceback.print_exc(file=sys.stderr)
                 entry = _entry(
                     dnslogic.servfail(q, f"internal error: {exc}"),
-                    time.monotonic() + 2,
+                    self.clock() + 2,
                     q,
                     decision,
                     rcode=2,
@@ -286,13 +326,16 @@ class Resolver:
         self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str, entry: _Entry
     ) -> bytes:
         """Cache a new answer, pin what it allows (before it is sent), log it; the reply."""
-        if len(self._cache) >= CACHE_MAX:
-            self._cache.clear()
-        self._cache[(guest.profile_key, wire[2:])] = entry
+        key = dnslogic.cache_key(wire)
+        if key is not None:
+            if len(self._cache) >= CACHE_MAX:
+                self._cache.clear()
+            entry.cache_for(wire)
+            self._cache[(guest.profile_key, key)] = entry
         if entry.pins:
             self._ensure_pinned(guest, entry)
         self._log(guest, client, proto, entry, cached=False)
-        return wire[:2] + entry.tail
+        return wire[:2] + entry.wire[2:]
 
     def _local(self, guest: GuestDNS, q: dnslogic.Question, decision: Decision) -> _Entry | None:
         """The answer when no upstream is needed (or allowed), else None."""
@@ -324,7 +367,7 @@ class Resolver:
         """The entry for an upstream's answer (or for its silence)."""
         if upstream is None:
             wire = dnslogic.servfail(q, f"upstream: {error or 'timeout'}")
-            return _entry(wire, time.monotonic() + 2, q, decision, rcode=2)
+            return _entry(wire, self.clock() + 2, q, decision, rcode=2)
         profile = guest.profile
 
         refusals: list[Decision] = []
@@ -340,11 +383,11 @@ class Resolver:
         aliased = dnsnames.judge_aliases(profile, q.name, ans.aliases, decision)
         if not aliased.allowed:
             wire = dnslogic.blocked(q, aliased.key, code=dnslogic.EDE_FILTERED)
-            return _entry(wire, time.monotonic() + 60, q, aliased, rcode=3)
+            return _entry(wire, self.clock() + 60, q, aliased, rcode=3)
         if ans.refused is not None:
             return _entry(
                 ans.wire,
-                time.monotonic() + 60,
+                self.clock() + 60,
                 q,
                 refusals[-1],
                 rcode=ans.rcode,
@@ -353,9 +396,10 @@ class Resolver:
         ttl = max(0, min(ans.ttl, TTL_CAP))
         pins = pin_rules(profile, q.name)
         inspect = profile.proxied(q.name)  # inspected, or judged by process (issue 14)
+        now = self.clock()
         return _entry(
             ans.wire,
-            time.monotonic() + ttl,
+            now + ttl,
             q,
             decision,
             rcode=ans.rcode,
@@ -364,6 +408,8 @@ class Resolver:
             pins=(bool(pins) or inspect) and bool(ans.addresses),
             pin=tuple(p.tag for p in pins),
             inspect=inspect,
+            made=now,
+            ttls=dnslogic.ttl_fields(ans.wire) or (),
         )
 
     def _ensure_pinned(self, guest: GuestDNS, entry: _Entry) -> None:

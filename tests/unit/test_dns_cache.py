@@ -1,0 +1,206 @@
+"""The resolver's cache answers from bytes (issue 13): a hit copies the cached answer, gives it
+the asker's id and spelling of the name, and lowers its TTLs by the seconds held, without
+parsing. Differential: for generated questions (0x20 case, EDNS or not, answers the fast reader
+takes and ones only dnspython reads, refused names, rebinding answers, answers too large for
+plain UDP) the cached answer must be byte for byte what the slow path gives a fresh resolver
+for the same question, the upstream's TTLs lowered by the same seconds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from ipaddress import IPv4Network
+
+import dns.flags
+import dns.message
+import dns.rrset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandgate.events.schema import Event
+from sandgate.gateway.dns import dnslogic
+from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _has_edns, _truncate
+from sandgate.net.compile import GuestLink
+from sandgate.policy.load import parse_policy
+
+LINK = GuestLink.from_pool(IPv4Network("10.201.0.0/16"), 3, "02:00:00:00:00:03")
+PROFILE = parse_policy(
+    b'[profiles.p]\ninternet = "open"\ndeny = [{ domain = "gist.example.com" }]\n', "t.toml"
+).profile("p", public_override=(IPv4Network("203.0.113.0/24"),), gateway_address=LINK.gateway)
+CLIENT = (str(LINK.guest), 40000)
+
+# (type, data) records the upstream answers with; the owner is the question's name.
+Records = tuple[tuple[str, str, int], ...]
+
+
+class FakeUpstream:
+    """Answers every query at once with ``records`` (TTLs lowered by ``minus``), as a real
+    upstream does: its question echoes ours (lower-case: we ask in lower case)."""
+
+    def __init__(self, records: Records, minus: int = 0, authority: bool = False) -> None:
+        self.records, self.minus, self.authority = records, minus, authority
+        self.asked = 0
+
+    def new_id(self) -> int:
+        return 0x4242
+
+    def send(
+        self, query: bytes, done: Callable[[bytes | None, BaseException | None], None]
+    ) -> None:
+        self.asked += 1
+        msg = dns.message.from_wire(query)
+        resp = dns.message.make_response(msg)
+        resp.flags |= dns.flags.RA
+        owner = msg.question[0].name
+        for rdtype in dict.fromkeys(t for t, _, _ in self.records):
+            datas = [d for t, d, _ in self.records if t == rdtype]
+            ttl = min(x for t, _, x in self.records if t == rdtype)
+            rrset = dns.rrset.from_text(owner, max(0, ttl - self.minus), "IN", rdtype, *datas)
+            resp.answer.append(rrset)
+        if self.authority:  # a negative answer's SOA, aged like any record
+            soa = "ns.example.com. host.example.com. 1 7200 900 1209600 3600"
+            ttl = max(0, 3600 - self.minus)
+            resp.authority.append(dns.rrset.from_text(owner, ttl, "IN", "SOA", soa))
+        done(resp.to_wire(want_shuffle=False), None)
+
+
+def resolver(upstream: FakeUpstream, clock: list[float]) -> tuple[Resolver, GuestDNS, list[Event]]:
+    events: list[Event] = []
+    r = Resolver([], lambda key, event: events.append(event), lambda *a: 300)
+    r.upstream = upstream  # type: ignore[assignment]
+    r.clock = lambda: clock[0]
+    return r, GuestDNS(LINK, "s", PROFILE, "p"), events
+
+
+def ask(r: Resolver, guest: GuestDNS, wire: bytes) -> bytes | None:
+    got: list[bytes | None] = []
+    r.resolve(guest, wire, CLIENT, "udp", got.append)
+    assert len(got) == 1
+    answer = got[0]
+    if answer is not None and len(answer) > 512 and not _has_edns(wire):
+        answer = _truncate(answer)  # as the UDP listener sends it
+    return answer
+
+
+def query(name: str, qtype: str, case: int, qid: int, payload: int | None) -> bytes:
+    spelt = "".join(c.upper() if case >> i & 1 else c for i, c in enumerate(name))
+    msg = dns.message.make_query(spelt, qtype, use_edns=payload is not None, payload=payload or 0)
+    msg.id = qid
+    return msg.to_wire()
+
+
+def canonical(wire: bytes) -> tuple[object, ...]:
+    """A message as its bytes say it, but the order of records within a set (dnspython's
+    writer shuffles them): the TTLs and the name's spelling included."""
+    msg = dns.message.from_wire(wire)
+
+    def section(rrsets: list[dns.rrset.RRset]) -> list[object]:
+        return [
+            (r.name.to_wire(), r.rdtype, r.rdclass, r.ttl, sorted(d.to_text() for d in r))
+            for r in rrsets
+        ]
+
+    return (
+        wire[:12],
+        msg.question[0].name.to_wire() if msg.question else None,
+        section(msg.answer),
+        section(msg.authority),
+        section(msg.additional),
+        msg.edns,
+        msg.payload,
+        [o.to_text() for o in msg.options],
+    )
+
+
+NAMES = ("example.com", "www.Example.org", "gist.example.com", "localhost", "10.in-addr.arpa")
+address = st.builds(
+    lambda a, b: f"{a}.0.113.{b}", st.sampled_from((203, 203, 10)), st.integers(1, 254)
+)
+records = st.one_of(
+    st.lists(st.tuples(st.just("A"), address, st.integers(0, 90_000)), min_size=1, max_size=40),
+    st.lists(
+        st.tuples(
+            st.just("MX"),
+            st.builds(lambda n: f"{n} mx.example.net.", st.integers(1, 50)),
+            st.integers(0, 9000),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    st.just([]),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(NAMES),
+    qtype=st.sampled_from(("A", "A", "MX", "AAAA", "ANY")),
+    cases=st.tuples(st.integers(0, 2**20), st.integers(0, 2**20)),
+    payload=st.sampled_from((None, 1232, 4096)),
+    recs=records,
+    authority=st.booleans(),
+    held=st.sampled_from((0, 0, 1, 7, 59, 299, 301, 5000)),
+)
+def test_a_cached_answer_is_the_slow_paths_answer_aged(
+    name: str,
+    qtype: str,
+    cases: tuple[int, int],
+    payload: int | None,
+    recs: list[tuple[str, str, int]],
+    authority: bool,
+    held: int,
+) -> None:
+    clock = [1000.0]
+    up = FakeUpstream(tuple(recs), authority=authority)
+    r, guest, events = resolver(up, clock)
+    first = query(name, qtype, cases[0], 1, payload)
+    second = query(name, qtype, cases[1], 2, payload)
+    ask(r, guest, first)
+    clock[0] += held
+    got = ask(r, guest, second)
+    from_cache = up.asked <= 1
+    # The slow path for the same question, on a fresh resolver, the upstream's TTLs lowered by
+    # what the cache held them (or not at all where the entry had expired and it asked again).
+    ref_up = FakeUpstream(tuple(recs), minus=held if from_cache else 0, authority=authority)
+    ref_r, ref_guest, _ = resolver(ref_up, [clock[0]])
+    want = ask(ref_r, ref_guest, second)
+    assert got is not None and want is not None
+    assert (len(got), canonical(got)) == (len(want), canonical(want))
+    assert got[:2] == second[:2]
+    end = dnslogic.qname_end(second)
+    assert got[12:end] == second[12:end]  # the asker's spelling, 0x20 bits and all
+    assert len(events) == 2 and events[1].details.get("cached", False) is from_cache
+
+
+def test_ttls_count_down_and_the_entry_expires_with_the_smallest() -> None:
+    clock = [50.0]
+    up = FakeUpstream((("A", "203.0.113.5", 30), ("A", "203.0.113.6", 30)), authority=True)
+    r, guest, _ = resolver(up, clock)
+    ttls = []
+    for qid, step in enumerate((0, 10, 10, 9.5)):
+        clock[0] += step
+        wire = ask(r, guest, query("example.com", "A", qid, qid, 1232))
+        assert wire is not None
+        msg = dns.message.from_wire(wire)
+        ttls.append((msg.answer[0].ttl, msg.authority[0].ttl))
+    assert ttls == [(30, 3600), (20, 3590), (10, 3580), (1, 3571)] and up.asked == 1
+    clock[0] += 1  # 30.5 s: past the smallest TTL, so the upstream is asked again
+    ask(r, guest, query("example.com", "A", 0, 9, 1232))
+    assert up.asked == 2
+
+
+def test_the_cache_key_tells_apart_what_is_not_case() -> None:
+    """Only the letters of the name fold: the type, class, flags and EDNS stay apart."""
+    base = query("example.com", "A", 0, 1, None)
+    assert dnslogic.cache_key(base) == dnslogic.cache_key(query("EXAMPLE.com", "A", 0, 7, None))
+    others = [
+        query("example.com", "TXT", 0, 1, None),
+        query("example.com", "A", 0, 1, 1232),
+        query("example.co", "A", 0, 1, None),
+        base[:2] + bytes([base[2] ^ 0x01]) + base[3:],  # RD
+        base[:-4] + b"\x00\x41\x00\x01",  # type 65 (HTTPS; "A" in ASCII) ...
+        base[:-4] + b"\x00\x61\x00\x01",  # ... is not type 97 ("a")
+        base[:-2] + b"\x00\x03",  # class CH
+    ]
+    keys = {dnslogic.cache_key(w) for w in others}
+    assert dnslogic.cache_key(base) not in keys and len(keys) == len(others)
+    assert dnslogic.cache_key(b"\x00\x01" + b"\xff" * 12) is None
