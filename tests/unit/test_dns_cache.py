@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from ipaddress import IPv4Network
+from pathlib import Path
 
 import dns.flags
 import dns.message
@@ -16,9 +17,11 @@ import dns.rrset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandgate.events.schema import Event
+from sandgate.events.schema import Event, Kind
+from sandgate.events.store import Store
 from sandgate.gateway.dns import dnslogic
 from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _has_edns, _truncate
+from sandgate.gateway.sink import EventSink
 from sandgate.net.compile import GuestLink
 from sandgate.policy.load import parse_policy
 
@@ -204,3 +207,31 @@ def test_the_cache_key_tells_apart_what_is_not_case() -> None:
     keys = {dnslogic.cache_key(w) for w in others}
     assert dnslogic.cache_key(base) not in keys and len(keys) == len(others)
     assert dnslogic.cache_key(b"\x00\x01" + b"\xff" * 12) is None
+
+
+def test_every_cached_answer_is_counted_in_the_store(tmp_path: Path) -> None:
+    """A name asked over and over is one stored event per flow and window with ``count``, and
+    the counts add up to the questions asked, whether the window ends at the sink's tick or
+    at the guest's leaving (the attributor asks the resolver first)."""
+    store = Store(tmp_path / "events.db")
+    sink = EventSink(store, lambda guest: "s", lambda guest: False, lambda k, u, t: None)
+    r = Resolver([], sink.flow, lambda *a: 300)
+    r.upstream = FakeUpstream((("A", "203.0.113.5", 300),))  # type: ignore[assignment]
+    sink.attributor.before.append(r.flush_log)
+    guest = GuestDNS(LINK, "s", PROFILE, "p")
+    asked = 0
+    for port, times in ((40000, 250), (40001, 3), (40002, 4)):
+        sink.attributor.sender((guest.ifname, "udp", port, guest.address, 53), 1000, 0.0)
+        for i in range(times):
+            wire = query("example.com", "A", i, i, 1232)
+            r.resolve(guest, wire, (CLIENT[0], port), "udp", lambda answer: None)
+            asked += 1
+        if port == 40000:
+            sink.attributor.tick(0.1)  # a window ends
+    sink.attributor.flush(guest.ifname, 0.2)  # the guest leaves
+    sink.flush()
+    events = store.events(session="s", kinds=[Kind.DNS])
+    assert sum(e.count for e in events) == asked == r.questions
+    assert len(events) < 10  # folded: 257 answers, a handful of rows
+    assert {e.uid for e in events} == {1000}  # attributed as any other event
+    store.close()

@@ -18,6 +18,7 @@ by dnslogic's fast readers when they have the common shape (dnspython otherwise)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import socket
 import struct
@@ -139,6 +140,18 @@ Emit = Callable[[FlowKey, Event], None]
 Pin = Callable[[GuestDNS, tuple[str, ...], int, PinTags, bool], int]
 
 
+@dataclass(slots=True)
+class _Repeat:
+    """Cached answers of one entry to one flow since the last ``flush_log``, but the first."""
+
+    guest: GuestDNS
+    client: tuple[str, int]
+    proto: str
+    entry: _Entry  # held, so that its id() names it until the flush
+    count: int = 0
+    ts: float = field(default_factory=time.time)  # when the window's first answer was given
+
+
 class _Reloaded(Exception):
     """The guest's policy changed while its question was with the upstream."""
 Reply = Callable[[bytes | None], None]  # the answer for the guest; None: no answer at all
@@ -158,6 +171,7 @@ class Resolver:
         self.forward_everything = False  # fault injection (tests of `prove` only)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.clock: Callable[[], float] = time.monotonic  # tests age the cache with their own
+        self._repeats: dict[tuple[FlowKey, int], _Repeat] = {}  # see _log
 
     async def start_guest(self, guest: GuestDNS) -> None:
         loop = asyncio.get_running_loop()
@@ -426,10 +440,33 @@ class Resolver:
         self, guest: GuestDNS, client: tuple[str, int], proto: str, entry: _Entry, *, cached: bool
     ) -> None:
         self.questions += 1
+        key = (guest.ifname, proto, client[1], guest.address, 53)
+        if cached:
+            # The first answer of an entry to a flow since the last flush_log is an event at
+            # once; its repeats (a client asking one name over and over) are counted into one
+            # event at the next: one row per name and flow per window, not one per answer
+            # (the store's row is the dearest part of a cached answer, ~20 µs).
+            repeat = self._repeats.get((key, id(entry)))
+            if repeat is not None:
+                repeat.count += 1
+                return
+            self._repeats[(key, id(entry))] = _Repeat(guest, client, proto, entry)
         self._emit(
-            (guest.ifname, proto, client[1], guest.address, 53),
+            key,
             _event(guest, client, proto, entry.name, entry.decision, entry.details(cached=cached)),
         )
+
+    def flush_log(self) -> None:
+        """Emit the repeats counted since the last call (one event each, with ``count``). The
+        event sink calls it before it attributes and stores what it holds, so no answer given
+        is missing from what it stores (gateway/logs/attribution.py ``before``)."""
+        repeats, self._repeats = self._repeats, {}
+        for (key, _), r in repeats.items():
+            if r.count:
+                entry = r.entry
+                details = entry.details(cached=True)
+                event = _event(r.guest, r.client, r.proto, entry.name, entry.decision, details)
+                self._emit(key, dataclasses.replace(event, ts=r.ts, count=r.count))
 
     async def _tcp_client(
         self, guest: GuestDNS, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

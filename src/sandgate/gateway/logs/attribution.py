@@ -51,6 +51,9 @@ class Attributor:
         self._pending: dict[tuple[FlowKey, str | None, str | None], _Pending] = {}
         self.attributed = 0
         self.unattributed = 0
+        # Called first by tick() and flush(): producers that fold repeats (the resolver's
+        # cached answers) submit what they counted, so it is attributed and stored with the rest.
+        self.before: list[Callable[[], None]] = []
 
     @property
     def waiting(self) -> int:
@@ -88,6 +91,8 @@ class Attributor:
 
     def tick(self, now: float) -> None:
         """Emit what waited too long (without a uid) and forget old senders."""
+        for hook in self.before:
+            hook()
         for pkey, held in list(self._pending.items()):
             if held.due <= now:
                 del self._pending[pkey]
@@ -105,6 +110,8 @@ class Attributor:
 
     def flush(self, guest: str, now: float) -> None:
         """Emit everything held for ``guest`` now (the guest is leaving)."""
+        for hook in self.before:
+            hook()
         for pkey, held in list(self._pending.items()):
             if pkey[0][0] == guest:
                 del self._pending[pkey]
