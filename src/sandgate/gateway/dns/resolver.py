@@ -86,39 +86,43 @@ class _Entry:
     pin: PinTags = ()  # the pin sets these addresses join at L3
     pins: bool = False  # the gateway must learn these addresses before the guest does
     inspect: bool = False  # an inspected name: send the guest's TLS to them to the proxy
-    made: float = 0.0  # when the upstream answered (monotonic)
-    ttls: tuple[tuple[int, int], ...] = ()  # the TTL fields that age (dnslogic.ttl_fields)
+    made: float | None = None  # when the upstream answered (monotonic); None: not aged
     # The reply is rebuilt from bytes on a hit: the asker's id, then ``head`` (the rest of the
     # header), then the asker's spelling of the name up to ``name_end``, then ``rest`` (aged
-    # once per elapsed second).
-    name_end: int = 0  # 0: the answer does not echo the name in full; only the id changes
-    query_tail: bytes = b""  # for such an answer, the one query (but its id) it answers
+    # once per elapsed second). Cut at the first hit: most names are asked once.
+    query: bytes = field(init=False, default=b"")  # the query the entry was made for
+    cut: bool = field(init=False, default=False)
+    name_end: int = field(init=False, default=0)  # 0: the answer does not echo the name
     head: bytes = field(init=False, default=b"")
     rest: bytes = field(init=False, default=b"")
     age: int = field(init=False, default=0)
+    ttls: tuple[tuple[int, int], ...] | None = field(init=False, default=None)
     hit: FrozenDetails | None = field(init=False, default=None)  # what answers from the cache log
 
-    def cache_for(self, query: bytes) -> None:
-        """Cut the answer for rebuilding, as the answer to ``query`` and its other spellings."""
-        end = dnslogic.qname_end(query)
+    def _cut(self) -> None:
+        query, end = self.query, dnslogic.qname_end(self.query)
         if end and self.wire[12:end].lower() == query[12:end].lower():
             self.name_end, self.head = end, self.wire[2:12]
-        else:  # the answer does not echo the name as asked: it answers this query only
-            self.name_end, self.query_tail, self.head, end = 0, query[2:], b"", 2
-        self.rest, self.age = self.wire[end:], 0
+        else:  # the answer does not echo the name as asked: it answers that query only
+            self.name_end, end = 0, 2
+        self.rest, self.cut = self.wire[end:], True
 
     def reply(self, query: bytes, now: float) -> bytes | None:
         """The answer to ``query`` (a question with this entry's cache key) at ``now``: the
         cached bytes with the query's id and spelling, TTLs lowered by the whole seconds
         held; None if this entry cannot answer that spelling."""
-        if self.ttls:
+        if not self.cut:
+            self._cut()
+        if self.made is not None:
             age = int(now - self.made)
             if age != self.age:
+                if self.ttls is None:
+                    self.ttls = dnslogic.ttl_fields(self.wire) or ()
                 self.age = age
                 self.rest = dnslogic.aged(self.wire, self.ttls, age)[self.name_end or 2 :]
         if self.name_end:
             return query[:2] + self.head + query[12 : self.name_end] + self.rest
-        if query[2:] != self.query_tail:
+        if query[2:] != self.query[2:]:
             return None
         return query[:2] + self.rest
 
@@ -344,7 +348,7 @@ class Resolver:
         if key is not None:
             if len(self._cache) >= CACHE_MAX:
                 self._cache.clear()
-            entry.cache_for(wire)
+            entry.query = wire
             self._cache[(guest.profile_key, key)] = entry
         if entry.pins:
             self._ensure_pinned(guest, entry)
@@ -423,7 +427,6 @@ class Resolver:
             pin=tuple(p.tag for p in pins),
             inspect=inspect,
             made=now,
-            ttls=dnslogic.ttl_fields(ans.wire) or (),
         )
 
     def _ensure_pinned(self, guest: GuestDNS, entry: _Entry) -> None:
