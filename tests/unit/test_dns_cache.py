@@ -7,9 +7,11 @@ for the same question, the upstream's TTLs lowered by the same seconds."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from ipaddress import IPv4Network
 from pathlib import Path
+from typing import Any
 
 import dns.flags
 import dns.message
@@ -235,3 +237,62 @@ def test_every_cached_answer_is_counted_in_the_store(tmp_path: Path) -> None:
     assert len(events) < 10  # folded: 257 answers, a handful of rows
     assert {e.uid for e in events} == {1000}  # attributed as any other event
     store.close()
+
+
+ALLOWLIST = parse_policy(
+    b'[profiles.p]\ninternet = "allowlist"\nallow = [{ domain = "*.example.com" }]\n', "t.toml"
+).profile("p", public_override=(IPv4Network("203.0.113.0/24"),), gateway_address=LINK.gateway)
+
+
+class NumberedUpstream(FakeUpstream):
+    """n{i}.example.com is 203.0.113.{i}, TTL 60."""
+
+    def send(
+        self, query: bytes, done: Callable[[bytes | None, BaseException | None], None]
+    ) -> None:
+        label = dns.message.from_wire(query).question[0].name.labels[0].decode()
+        self.records = (("A", f"203.0.113.{int(label[1:])}", 60),)
+        super().send(query, done)
+
+
+def _burst(fail: bool) -> tuple[list[tuple[Any, ...]], list[bytes | None]]:
+    pins: list[tuple[Any, ...]] = []
+    replies: list[bytes | None] = []
+
+    def pin(guest: GuestDNS, addresses: tuple[str, ...], ttl: int, tags: Any, insp: bool) -> int:
+        pins.append((addresses, ttl, tags, len(replies)))
+        if fail:
+            raise OSError("the kernel said no")
+        return 300
+
+    async def main() -> None:
+        r = Resolver([], lambda key, event: None, pin)
+        r.upstream = NumberedUpstream(())  # type: ignore[assignment]
+        guest = GuestDNS(LINK, "s", ALLOWLIST, "p")
+        for i in range(1, 21):
+            wire = query(f"n{i}.example.com", "A", 0, i, None)
+            r.resolve(guest, wire, CLIENT, "udp", replies.append)
+        # answered, none sent: they wait for the pass's one pin write
+        assert (pins, replies) == ([], [])
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        # an answer whose addresses the kernel holds is not held again
+        r.resolve(guest, query("n1.example.com", "A", 1, 99, None), CLIENT, "udp", replies.append)
+
+    asyncio.run(main())
+    return pins, replies
+
+
+def test_a_burst_of_answers_waits_for_one_pin_write() -> None:
+    pins, replies = _burst(fail=False)
+    assert len(pins) == 1  # one write for the burst: one guest, one rule, one TTL
+    addresses, ttl, tags, sent_before = pins[0]
+    assert sorted(addresses) == sorted(f"203.0.113.{i}" for i in range(1, 21))
+    assert (ttl, tags, sent_before) == (60, ("a0",), 0)  # pinned before any answer was sent
+    assert len(replies) == 21 and all(r is not None for r in replies)
+
+
+def test_a_failed_pin_write_sends_none_of_its_answers() -> None:
+    pins, replies = _burst(fail=True)
+    assert len(pins) == 2  # the burst's write, then the re-asked name's own (nothing held)
+    assert replies == [None] * 21
