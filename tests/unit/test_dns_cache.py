@@ -296,3 +296,20 @@ def test_a_failed_pin_write_sends_none_of_its_answers() -> None:
     pins, replies = _burst(fail=True)
     assert len(pins) == 2  # the burst's write, then the re-asked name's own (nothing held)
     assert replies == [None] * 21
+
+
+def test_the_ticks_flush_stores_off_the_loop_in_order(tmp_path: Path) -> None:
+    """The ticker's flush hands batches to the store's writer thread and returns; a waiting
+    flush (a guest's leaving, the control socket's) returns once all of them are stored, in
+    the order handed, the hash chain intact."""
+    store = Store(tmp_path / "events.db")
+    sink = EventSink(store, lambda guest: "s", lambda guest: False, lambda k, u, t: None)
+    for batch in range(20):
+        for i in range(50):
+            sink.emit(Event(kind=Kind.DNS, session="s", name=f"n{batch * 50 + i}"))
+        sink.flush(wait=False)
+    sink.flush()
+    names = [e.name for e in store.events(session="s")]
+    assert names == [f"n{i}" for i in range(1000)]
+    assert store.verify().ok
+    store.close()

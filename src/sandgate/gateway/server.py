@@ -271,7 +271,7 @@ class Gateway:
             self.sink.attributor.tick(time.monotonic())
             if self.gate is not None:
                 self.gate.expire()
-            self.sink.flush()
+            self.sink.flush(wait=False)  # stored off the loop (sink.py)
 
     # -- what the resolver and the proxy are handed ----------------------------------------------
 

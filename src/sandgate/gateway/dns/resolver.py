@@ -481,7 +481,10 @@ class Resolver:
             for a in addresses:
                 guest.pinned[(a, tags)] = now + timeout
         for reply, answer in held:
-            reply(answer if ok else None)
+            try:
+                reply(answer if ok else None)
+            except Exception:  # one guest's failed send must not cost the others' answers
+                traceback.print_exc(file=sys.stderr)
 
     def _log(
         self, guest: GuestDNS, client: tuple[str, int], proto: str, entry: _Entry, *, cached: bool
