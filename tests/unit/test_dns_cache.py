@@ -173,6 +173,8 @@ def test_a_cached_answer_is_the_slow_paths_answer_aged(
     assert got[:2] == second[:2]
     end = dnslogic.qname_end(second)
     assert got[12:end] == second[12:end]  # the asker's spelling, 0x20 bits and all
+    if payload is None:  # RFC 6891 7: no OPT record in the answer to a query without one
+        assert dns.message.from_wire(got).edns == -1
     assert len(events) == 2 and events[1].details.get("cached", False) is from_cache
 
 

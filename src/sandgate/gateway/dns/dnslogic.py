@@ -67,6 +67,11 @@ class Question:
         return self.parsed if self.parsed is not None else dns.message.from_wire(self.wire)
 
     @property
+    def has_edns(self) -> bool:
+        """The query carried an OPT record (an answer may then carry one too)."""
+        return self.edns if self.qname_wire is not None else self.message.edns >= 0
+
+    @property
     def name_end(self) -> int:
         """Where the question's name ends in ``wire`` (``qname_end``; 0 if compressed)."""
         return self.question_end - 4 if self.qname_wire is not None else qname_end(self.wire)
@@ -196,7 +201,13 @@ def judge_answer(
     AAAA records are removed unseen, whatever was asked."""
     fast = _fast_answer(upstream)  # A, CNAME and SOA only: an AAAA record takes the long path
     if fast is not None:
-        raw_addresses, fast_ttl, fast_rcode, fast_aliases = fast
+        raw_addresses, fast_ttl, fast_rcode, fast_aliases, (opt_start, opt_end) = fast
+        if opt_end and not q.has_edns:
+            # RFC 6891 7: no OPT record in the answer to a query that had none.
+            arcount = int.from_bytes(upstream[10:12], "big") - 1
+            upstream = (
+                upstream[:10] + arcount.to_bytes(2, "big") + upstream[12:opt_start]
+            ) + upstream[opt_end:]
         shown: list[str] = []
         for raw in raw_addresses:
             address = ipaddress.IPv4Address(raw)
@@ -240,8 +251,11 @@ def judge_answer(
     if check6 is None and (q.qtype == AAAA or any(r.rdtype == AAAA for r in resp.answer)):
         resp.answer = [r for r in resp.answer if r.rdtype != AAAA]
     ttl = 0 if ttl == 2**31 else ttl
+    rcode = resp.rcode()  # as the upstream said it (with an OPT's extended bits)
+    if not q.has_edns:
+        resp.use_edns(False)  # RFC 6891 7: no OPT record for a query that had none
     reply = with_question(resp.to_wire(), q.wire, q.name_end)
-    return Answer(reply, tuple(addresses), ttl, resp.rcode(), aliases=tuple(sorted(aliases)))
+    return Answer(reply, tuple(addresses), ttl, rcode, aliases=tuple(sorted(aliases)))
 
 
 def _text(name: dns.name.Name) -> str:
@@ -458,11 +472,11 @@ def _plain_text(name: bytes) -> str | None:
 
 def _fast_answer(
     wire: bytes,
-) -> tuple[list[bytes], int, int, tuple[tuple[str, str], ...]] | None:
+) -> tuple[list[bytes], int, int, tuple[tuple[str, str], ...], tuple[int, int]] | None:
     """A plain upstream answer: (A addresses in dnspython's order, smallest A TTL, rcode, the
-    answer's aliases as ``Answer.aliases``), or None unless every record is IN A/CNAME/SOA (and
-    one option-less OPT), every name in a CNAME of the answer needs no escapes, and every byte
-    is accounted for."""
+    answer's aliases as ``Answer.aliases``, where its OPT record starts and ends, (0, 0) if it
+    has none), or None unless every record is IN A/CNAME/SOA (and one option-less OPT), every
+    name in a CNAME of the answer needs no escapes, and every byte is accounted for."""
     size = len(wire)
     if size < 12:
         return None
@@ -481,8 +495,10 @@ def _fast_answer(
     ext_rcode = 0
     seen_opt = False
     aliases: set[tuple[str, str]] = set()
+    opt = (0, 0)
     for section, count in ((1, an), (2, ns), (3, ar)):
         for _ in range(count):
+            start = pos
             got = _read_name(wire, pos, size)
             if got is None or got[1] + 10 > size:
                 return None
@@ -497,6 +513,7 @@ def _fast_answer(
                     return None
                 seen_opt = True
                 ext_rcode = ttl >> 24
+                opt = (start, rend)
             elif rclass != CLASS_IN:
                 return None
             elif rtype == T_A:
@@ -535,7 +552,7 @@ def _fast_answer(
         return None
     addresses = [a for rdatas, _ in groups.values() for a in rdatas]
     ttl_min = min((min(ttls) for _, ttls in groups.values()), default=0)
-    return addresses, ttl_min, (flags & 0xF) | (ext_rcode << 4), tuple(sorted(aliases))
+    return addresses, ttl_min, (flags & 0xF) | (ext_rcode << 4), tuple(sorted(aliases)), opt
 
 
 def address_query(name: str, qid: int) -> bytes:
