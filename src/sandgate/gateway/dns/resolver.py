@@ -8,11 +8,16 @@ Nothing leaves for a name the policy refuses. In allowlist mode, the addresses a
 resolves to are pinned into the guest's nftables sets (with their TTL) *before* the answer is
 sent, so the guest can never race its own DNS answer to the firewall.
 
-Fast path: answers are cached by (profile, query bytes without the id); a hit costs one dict
-lookup, one event and one send, which keeps the resolver from being the bottleneck. What a hit
-logs is prepared when the entry is made: the event's details (shared, read-only, with their JSON
-text made once) and the guest's own fields. Questions that miss the cache are read and answered
-by dnslogic's fast readers when they have the common shape (dnspython otherwise).
+Fast path: answers are cached by (profile, query bytes without the id, the name's letters
+folded); a hit costs one dict lookup, a copy of the cached bytes with the asker's id and
+spelling and TTLs aged, and one send, which keeps the resolver from being the bottleneck. Its
+event is shared: the first hit of an entry to a flow is logged at once, its repeats are counted
+into one event with ``count`` (``flush_log``, which the attributor calls before each of its
+rounds). Questions that miss the cache are read and answered by dnslogic's fast readers when
+they have the common shape (dnspython otherwise). Answers that need pins wait for the end of
+the loop's pass, when one write per guest, TTL and pin sets pins the whole burst.
+Measured 2026-12-01 (bench/run foundation --only dns): a cached answer 14-15 µs CPU all told,
+of which ~9 in the kernel (52 µs before); an uncached one ~190 µs.
 """
 
 from __future__ import annotations
