@@ -15,6 +15,8 @@ Pure apart from the ``emit``/``infer`` callbacks; time is passed in, so tests dr
 from __future__ import annotations
 
 import dataclasses
+import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -91,8 +93,7 @@ class Attributor:
 
     def tick(self, now: float) -> None:
         """Emit what waited too long (without a uid) and forget old senders."""
-        for hook in self.before:
-            hook()
+        self._before()
         for pkey, held in list(self._pending.items()):
             if held.due <= now:
                 del self._pending[pkey]
@@ -110,8 +111,7 @@ class Attributor:
 
     def flush(self, guest: str, now: float) -> None:
         """Emit everything held for ``guest`` now (the guest is leaving)."""
-        for hook in self.before:
-            hook()
+        self._before()
         for pkey, held in list(self._pending.items()):
             if pkey[0][0] == guest:
                 del self._pending[pkey]
@@ -125,6 +125,13 @@ class Attributor:
                         self._count(sender.uid)
                         self._emit(_with(inferred, sender))
                 del self._senders[key]
+
+    def _before(self) -> None:
+        for hook in self.before:
+            try:
+                hook()
+            except Exception:  # a producer's bug must not stop the rounds (nor the ticker)
+                traceback.print_exc(file=sys.stderr)
 
     def _release(self, pkey: tuple[FlowKey, str | None, str | None], uid: int | None) -> None:
         held = self._pending.pop(pkey)
