@@ -8,6 +8,7 @@ for the same question, the upstream's TTLs lowered by the same seconds."""
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Callable
 from ipaddress import IPv4Network
 from pathlib import Path
@@ -315,3 +316,27 @@ def test_the_ticks_flush_stores_off_the_loop_in_order(tmp_path: Path) -> None:
     assert names == [f"n{i}" for i in range(1000)]
     assert store.verify().ok
     store.close()
+
+
+def test_an_opt_record_before_other_records_is_dropped_without_moving_pointers() -> None:
+    """The answer to a query without EDNS loses the upstream's OPT record; where names after
+    it point at each other, the answer is written anew rather than cut (pointers would move)."""
+    query_ = query("example.com", "A", 0, 7, None)
+    q = dnslogic.parse_question(query_)
+    rr = struct.Struct("!HHIH")
+    upstream = (
+        struct.pack("!HHHHHH", 7, 0x8180, 1, 1, 0, 3)
+        + query_[12:]  # the question
+        + b"\xc0\x0c" + rr.pack(1, 1, 60, 4) + bytes((203, 0, 113, 9))
+        + b"\x00" + rr.pack(41, 1232, 0, 0)  # OPT, not last
+        + b"\x02ns\x07example\x03net\x00" + rr.pack(1, 1, 60, 4) + bytes((203, 0, 113, 10))
+        + b"\x03ns2\xc0" + bytes((len(query_) + 16 + 11 + 3,)) + rr.pack(1, 1, 60, 4)
+        + bytes((203, 0, 113, 11))
+    )  # fmt: skip
+    assert dnslogic._fast_answer(upstream) is not None  # the shape the fast reader takes
+    got = dns.message.from_wire(dnslogic.judge_answer(q, upstream, lambda a: None).wire)
+    assert got.edns == -1
+    assert [(r.name.to_text(), r[0].address) for r in got.additional] == [
+        ("ns.example.net.", "203.0.113.10"),
+        ("ns2.example.net.", "203.0.113.11"),
+    ]

@@ -200,14 +200,18 @@ def judge_answer(
     ``check6`` (given where the gateway's uplink has IPv6) to every AAAA record; without it
     AAAA records are removed unseen, whatever was asked."""
     fast = _fast_answer(upstream)  # A, CNAME and SOA only: an AAAA record takes the long path
-    if fast is not None:
-        raw_addresses, fast_ttl, fast_rcode, fast_aliases, (opt_start, opt_end) = fast
-        if opt_end and not q.has_edns:
-            # RFC 6891 7: no OPT record in the answer to a query that had none.
+    if fast is not None and fast[4][1] and not q.has_edns:
+        # RFC 6891 7: no OPT record in the answer to a query that had none. Cut out where it
+        # is the last record; elsewhere a later name may point at another past it (pointers
+        # would move), and dnspython writes the answer anew.
+        opt_start, opt_end = fast[4]
+        if opt_end == len(upstream):
             arcount = int.from_bytes(upstream[10:12], "big") - 1
-            upstream = (
-                upstream[:10] + arcount.to_bytes(2, "big") + upstream[12:opt_start]
-            ) + upstream[opt_end:]
+            upstream = upstream[:10] + arcount.to_bytes(2, "big") + upstream[12:opt_start]
+        else:
+            fast = None
+    if fast is not None:
+        raw_addresses, fast_ttl, fast_rcode, fast_aliases, _ = fast
         shown: list[str] = []
         for raw in raw_addresses:
             address = ipaddress.IPv4Address(raw)
