@@ -71,6 +71,7 @@ class Gateway:
         )
         self.feed = LogFeed(self.sink, self.sites, self.table)
         self.resolver = Resolver(list(cfg.upstream_dns), self.sink.flow, self._pin)
+        self.sink.attributor.before.append(self.resolver.flush_log)  # its folded repeats
         self.proxy = Proxy(
             self.resolver.addresses_blocking,
             self.sink.from_thread,
@@ -271,7 +272,7 @@ class Gateway:
             self.sink.attributor.tick(time.monotonic())
             if self.gate is not None:
                 self.gate.expire()
-            self.sink.flush()
+            self.sink.flush(wait=False)  # stored off the loop (sink.py)
 
     # -- what the resolver and the proxy are handed ----------------------------------------------
 
