@@ -41,6 +41,8 @@ def tunnel(
         out.append(result)
         ended.set()
 
+    for s in (client, server):
+        s.settimeout(20)  # a broken relay fails the test instead of hanging it
     relay.start(inner_c, inner_s, done, **limits)  # type: ignore[arg-type]
     inner_c.close()  # the hub works on its own duplicates
     inner_s.close()
