@@ -109,9 +109,6 @@ class _Tunnel:
         """(the direction reading ``fd``, the direction writing to it)."""
         return (self.up, self.down) if fd == self.up.src else (self.down, self.up)
 
-    def cap_left(self) -> int | None:
-        return None if self.cap is None else self.cap - self.up.moved - self.down.moved
-
 
 class Hub:
     """One epoll thread for every tunnel. Thread-safe ``start``; the thread starts on first use."""
@@ -190,18 +187,23 @@ class Hub:
     def _step(self, tunnel: _Tunnel, fd: int, ev: int) -> None:
         reading, writing = tunnel.ways_of(fd)
         try:
+            changed = False  # a change epoll must hear of: only then are the masks redone
             if ev & ~_IN and writing.pending:
                 self._flush(writing)
-            if ev & ~_OUT and reading.wants_in() and not self._pull(tunnel, reading):
-                return  # the cap ended it
-            self._rearm(tunnel)
+                changed = True
+            if ev & ~_OUT and reading.wants_in():
+                if not self._pull(tunnel, reading):
+                    return  # the cap ended it
+                changed = changed or reading.pending > 0 or reading.eof
+            if changed:
+                self._rearm(tunnel)
         except OSError as exc:
             self._end(tunnel, "error", exc)
 
     def _pull(self, tunnel: _Tunnel, way: _Way) -> bool:
         want = way.room - way.pending
-        left = tunnel.cap_left()
-        if left is not None:
+        if tunnel.cap is not None:
+            left = tunnel.cap - tunnel.up.moved - tunnel.down.moved
             if left <= 0:
                 self._end(tunnel, "cap")
                 return False
@@ -209,10 +211,10 @@ class Hub:
         try:
             moved = os.splice(way.src, way.wpipe, want, flags=_SPLICE)
         except BlockingIOError:
-            moved = -1  # woken without data (or HUP with nothing left)
+            return True  # woken without data
         if moved == 0:
             way.eof = True
-        elif moved > 0:
+        else:
             way.pending += moved
             way.moved += moved
             tunnel.last = time.monotonic()
