@@ -602,18 +602,12 @@ def guest_uid_log() -> list[Json]:
     The guest's processes hold no capability in that namespace, so they cannot change it.
     It drops nothing the gateway would pass; it exists for attribution (uid, and the 5-tuple
     before NAT), and drops IPv6 as a second wall behind the disabled IPv6 on the link.
-
-    TCP is not tracked here (issue 13): a new TCP flow is its SYN (a flag test), so conntrack
-    need not look up every segment of a bulk transfer in this namespace as well as in the
-    gateway's. A retransmitted SYN is logged again; the attribution merges records of one
-    flow. Other protocols are new by conntrack, logged once (the ct mark bit).
     """
     t = {"family": "inet", "table": TABLE}
     return [
         {"add": {"table": {"family": "inet", "name": TABLE}}},
         {"delete": {"table": {"family": "inet", "name": TABLE}}},
         {"add": {"table": {"family": "inet", "name": TABLE}}},
-        *_untracked_tcp(t),  # issue 13
         {
             "add": {
                 "chain": {
@@ -632,18 +626,6 @@ def guest_uid_log() -> list[Json]:
                     **t,
                     "chain": "output",
                     "expr": [_match(_meta("oif"), "lo"), {"accept": None}],
-                }
-            }
-        },
-        {  # issue 13: a TCP flow by its SYN (untracked packets are never ct state new)
-            "add": {
-                "rule": {
-                    **t,
-                    "chain": "output",
-                    "expr": [
-                        _match({"&": [_payload("tcp", "flags"), ["syn", "ack"]]}, "syn"),
-                        _log("sg:uid", GROUP_GUEST, qthresh=1),
-                    ],
                 }
             }
         },
@@ -671,17 +653,6 @@ def guest_uid_log() -> list[Json]:
             }
         },
     ]
-
-
-def _untracked_tcp(t: Json) -> list[Json]:
-    """Chains at raw priority (before conntrack's hook) marking every TCP packet untracked."""
-    cmds: list[Json] = []
-    for hook in ("prerouting", "output"):
-        chain = {**t, "name": f"raw_{hook}", "type": "filter", "hook": hook, "prio": -300}
-        expr = [_match(_meta("l4proto"), "tcp"), {"notrack": None}]
-        cmds.append({"add": {"chain": {**chain, "policy": "accept"}}})
-        cmds.append({"add": {"rule": {**t, "chain": f"raw_{hook}", "expr": expr}}})
-    return cmds
 
 
 def pin_set(guest: str, tag: str) -> str:
