@@ -153,6 +153,12 @@ def transfer(c: str, port: int, mode: str) -> tuple[float, float]:
     return SIZE / seconds / 1e6, client_cpu
 
 
+def tcp_ports(netns: str) -> set[int]:
+    """Source ports of the TCP flows the guest's conntrack holds."""
+    flows = run_in_netns(f"/run/netns/{netns}", lambda: conntrack.flows(CLIENT))
+    return {f.sport for f in flows if f.proto == "tcp"}
+
+
 def proc_cpu(pid: int) -> float:
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
@@ -175,14 +181,15 @@ def main(rounds: int) -> dict[str, Any]:
             for _ in range(rounds):
                 for v in ("tracked", "untracked"):
                     apply(c, variant(v))
+                    before = tcp_ports(c)
                     for mode, key in (("u", "upload"), ("d", "download")):
                         s0 = proc_cpu(sink.pid)
                         rate, ccpu = transfer(c, port, mode)
                         cpu = ccpu + proc_cpu(sink.pid) - s0
                         out[v][key].append((rate, cpu / (SIZE / 1e9)))
-                    # The variant is what it says: TCP entries in the guest's conntrack or none.
-                    flows = run_in_netns(f"/run/netns/{c}", lambda: conntrack.flows(CLIENT))
-                    entries[v] = sum(f.proto == "tcp" for f in flows)
+                    # The variant is what it says: its transfers left entries in the guest's
+                    # conntrack (tracked) or none (untracked).
+                    entries[v] = entries.get(v, 0) + len(tcp_ports(c) - before)
         finally:
             sink.kill()  # ours, by its pid
             sink.wait()

@@ -4,7 +4,7 @@ Used where a flow cannot stay wholly in the kernel: explicit CONNECT tunnels, pa
 TLS, and the host-loopback services. One thread (``Hub``) drives every tunnel from one epoll:
 no thread per tunnel or per direction. Each direction moves socket -> pipe -> socket with
 non-blocking splice, so the bytes never enter Python; the pipe is enlarged to ``PIPE_SIZE`` so
-a bulk transfer costs few syscalls per megabyte, and it is also the direction's buffer: while
+a bulk transfer costs fewer syscalls per megabyte, and it is also the direction's buffer: while
 the destination cannot take more, the source is not read (backpressure, bounded memory).
 
 Half-close is carried over (EOF one way shuts down the write side of the other); an error on
@@ -29,7 +29,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-PIPE_SIZE = 1 << 20  # bytes a direction holds in flight; the kernel's default is 64 KiB
+# Bytes a direction holds in flight (the kernel's default pipe is 64 KiB). Bigger pipes mean
+# fewer splices per GB, but each is also a buffer a slow reader fills: 256 KiB bounds a
+# tunnel's worst case to 512 KiB beyond its sockets' buffers (1,000 stalled tunnels: 0.5 GB).
+PIPE_SIZE = 1 << 18
 TICK = 0.5  # seconds between checks of the tunnels' deadlines
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK  # no SPLICE_F_MORE: it stalls request/response
