@@ -158,3 +158,52 @@ def test_the_blocking_form_returns_the_result() -> None:
     assert _recv_all(server) == b"early bytes already waiting"
     for s in (client, inner_c, inner_s, server):
         s.close()
+
+
+def test_a_bug_or_a_failing_callback_costs_one_tunnel_not_the_hub(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hub = relay.Hub()  # its own: the shared one must not see the planted bug
+    results: list[RelayResult] = []
+
+    def through(done: relay.Done) -> tuple[socket.socket, socket.socket]:
+        client, inner_c = _pair()
+        inner_s, server = _pair()
+        hub.start(inner_c, inner_s, done)
+        inner_c.close()
+        inner_s.close()
+        for s in (client, server):
+            s.settimeout(20)
+        return client, server
+
+    def failing(result: RelayResult) -> None:
+        results.append(result)
+        raise RuntimeError("a callback that fails")
+
+    real_pull, calls = relay.Hub._pull, [0]
+
+    def buggy_once(self: relay.Hub, tunnel: object, way: object) -> bool:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("a planted bug")
+        return real_pull(self, tunnel, way)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(relay.Hub, "_pull", buggy_once)
+    c1, s1 = through(failing)
+    c1.sendall(b"meets the bug")
+    with pytest.raises(ConnectionResetError):  # that tunnel is cut ...
+        _recv_all(s1)
+    c2, s2 = through(results.append)  # ... and the next one works
+    c2.sendall(b"fine")
+    c2.shutdown(socket.SHUT_WR)
+    assert _recv_all(s2) == b"fine"
+    s2.shutdown(socket.SHUT_WR)
+    assert _recv_all(c2) == b""
+    for s in (c1, s1, c2, s2):
+        s.close()
+    deadline = threading.Event()
+    for _ in range(100):
+        if len(results) == 2:
+            break
+        deadline.wait(0.05)
+    assert [r.ended for r in results] == ["error", "eof"]

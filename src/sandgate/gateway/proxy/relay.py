@@ -167,8 +167,13 @@ class Hub:
             with self._lock:
                 for fd, ev in events:
                     tunnel = self._tunnels.get(fd)
-                    if tunnel is not None:
+                    if tunnel is None:
+                        continue
+                    try:
                         self._step(tunnel, fd, ev)
+                    except Exception:  # a bug must cost this tunnel, not the hub and every other
+                        traceback.print_exc()
+                        self._end(tunnel, "error")
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + TICK
