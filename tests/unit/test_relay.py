@@ -207,3 +207,14 @@ def test_a_bug_or_a_failing_callback_costs_one_tunnel_not_the_hub(
             break
         deadline.wait(0.05)
     assert [r.ended for r in results] == ["error", "eof"]
+
+
+def test_a_tunnel_that_cannot_be_made_is_reported_not_lost() -> None:
+    client, inner_c = _pair()
+    inner_s, server = _pair()
+    inner_s.close()  # as if it had gone: no duplicate can be made of it
+    out: list[RelayResult] = []
+    relay.start(inner_c, inner_s, out.append)
+    assert [r.ended for r in out] == ["error"] and out[0].error
+    for s in (client, inner_c, server):
+        s.close()

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # Bytes a direction holds in flight (the kernel's default pipe is 64 KiB). Relay CPU per GB on
-# loopback, 3 runs each, 2026-12-01: 64 KiB 0.37-0.49 s, 256 KiB 0.29-0.43, 1 MiB 0.25-0.33.
+# loopback (bench/relayloop.py, two runs of 3, 2026-12-01): 64 KiB 0.30-0.49 s, 256 KiB
+# 0.27-0.43, 1 MiB 0.25-0.33.
 # A stalled reader fills the pipe too, but its sockets' autotuned buffers (tcp_rmem/tcp_wmem
 # maxima, 6 + 4 MiB) already hold far more: the pipe adds a tenth to a tunnel's worst case.
 PIPE_SIZE = 1 << 20
@@ -103,7 +104,11 @@ class _Tunnel:
     ) -> None:
         self.socks = (client, server)
         self.up = _Way(client, server)
-        self.down = _Way(server, client)
+        try:
+            self.down = _Way(server, client)
+        except OSError:
+            self.up.close_pipe()
+            raise
         self.start = self.last = time.monotonic()
         self.idle, self.deadline, self.cap = idle, self.start + total, cap
         self.done = done
@@ -138,10 +143,18 @@ class Hub:
 
         The hub works on duplicates of the sockets and closes those: the caller closes its own
         whenever it likes (the connection lives until both are closed)."""
-        c, s = client.dup(), server.dup()
-        c.setblocking(False)
-        s.setblocking(False)
-        tunnel = _Tunnel(c, s, idle, total, cap, done)
+        dups: list[socket.socket] = []
+        try:
+            dups += [client.dup(), server.dup()]
+            c, s = dups
+            c.setblocking(False)
+            s.setblocking(False)
+            tunnel = _Tunnel(c, s, idle, total, cap, done)
+        except OSError as exc:  # out of descriptors (a pipe, a dup) or a socket already closed
+            for sock in dups:
+                sock.close()
+            done(RelayResult(ended="error", error=exc.strerror or str(exc)))
+            return
         with self._lock:  # the hub thread changes tunnels only while holding it
             self._tunnels[c.fileno()] = self._tunnels[s.fileno()] = tunnel
             # Bytes may already wait on either socket: level-triggered epoll reports them.
