@@ -10,8 +10,9 @@ are all present they must agree. Allowed TLS passes through raw (spliced), unles
 inspects that name: then the gateway terminates TLS with its own CA and speaks HTTP/1.1 both ways
 (http1.py), which is where placeholder credentials are swapped.
 
-Each connection gets its own thread with blocking sockets; decisions are pure and the asyncio
-loop is only asked to resolve names and to take events.
+Each connection gets its own thread with blocking sockets until it is judged; a raw tunnel is
+then handed to the relay hub (relay.py: one epoll thread for every tunnel) and the thread ends.
+Decisions are pure and the asyncio loop is only asked to resolve names and to take events.
 """
 
 from __future__ import annotations
@@ -316,17 +317,22 @@ class Proxy:
             if early:
                 upstream.sendall(early)
             profile = rec.guest.profile
-            result = relay.relay(
+
+            def done(result: relay.RelayResult) -> None:
+                rec.bytes_up, rec.bytes_down = result.up + len(early), result.down
+                if result.ended not in ("eof",):
+                    rec.note = f"ended: {result.ended}"
+                self.emit(rec.flow_key(), rec.event())
+
+            # The hub takes the tunnel (duplicates of both sockets): this thread ends here.
+            relay.start(
                 conn,
                 upstream,
+                done,
                 idle=profile.tunnel_idle,
                 total=profile.tunnel_max_seconds,
                 cap=profile.tunnel_max_bytes,
             )
-        rec.bytes_up, rec.bytes_down = result.up + len(early), result.down
-        if result.ended not in ("eof",):
-            rec.note = f"ended: {result.ended}"
-        self.emit(rec.flow_key(), rec.event())
 
     def _refuse(self, conn: socket.socket, rec: Record, log_only: bool = False) -> None:
         """Close with a reset: a TLS client gets no HTTP error page, only a prompt failure."""
