@@ -3,8 +3,12 @@ while no commit reached the kernel still shows a change made from outside the ga
 
 from __future__ import annotations
 
+import secrets
 import subprocess
+import time
 
+from sandgate import cleanup
+from sandgate.sandbox.launch import Sandbox
 from sandgate.session.stack import Stack
 from sandgate.session.timings import Timings
 
@@ -16,7 +20,10 @@ def test_a_reused_snapshot_still_sees_a_foreign_change(stack: Stack) -> None:
     with stack.gateway.client() as ctl:
         first = ctl.call("snapshot")
         again = ctl.call("snapshot")  # no commit in between: the listing is reused
-        assert again == first and again["digest"] == again["expected"]
+        assert again.pop("reused")
+        first.pop("reused")
+        assert again == first
+        assert again["digest"] == again["expected"]
         assert not any("192.0.2.77" in line for line in first["ruleset"])
         subprocess.run(
             ["nsenter", ns, "nft", "insert", "rule", "inet", "sandgate", "forward",
@@ -48,3 +55,34 @@ def test_timings_cover_the_run_and_the_gateway_steps(sandbox: Runner) -> None:
     # Correctness, not speed: the table names every phase and sums them.
     text = "\n".join(clock.lines())
     assert "sandbox exec" in text and text.splitlines()[-1].startswith("total")
+
+
+def test_a_join_lists_the_rules_ahead_and_the_listing_is_true(stack: Stack) -> None:
+    """After add_guest the gateway lists its rules before it is asked (the runner's drift
+    snapshot comes next): that listing holds the new guest's rules and equals a fresh one."""
+    box = Sandbox.create(f"prewarm-{secrets.token_hex(3)}", stack.instance, None, 61000)
+    cleanup.own(box.netns)
+    try:
+        with stack.gateway.client() as ctl:
+            guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
+            try:
+                time.sleep(0.3)  # the listing runs on the gateway's loop right after the reply
+                early = ctl.call("snapshot")  # nothing runs in the guest: no commit since
+                assert early["reused"], "the join's listing was not there for the snapshot"
+                assert any(guest["guest"] in line for line in early["ruleset"])
+                # A commit that changes no rule: the next snapshot lists them anew.
+                probe = "inet sandgate sg_test_probe"
+                subprocess.run(
+                    ["nsenter", f"--net=/proc/{stack.gateway.pid}/ns/net", "sh", "-c",
+                     f"nft add chain {probe} && nft delete chain {probe}"],
+                    check=True,
+                )  # fmt: skip
+                fresh = ctl.call("snapshot")
+                assert not fresh["reused"]
+                assert fresh["ruleset"] == early["ruleset"]
+                assert fresh["digest"] == early["digest"] == fresh["expected"]
+            finally:
+                ctl.call("remove_guest", guest=guest["guest"])
+    finally:
+        box.destroy()
+        cleanup.disown(box.netns)
