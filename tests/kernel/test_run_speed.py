@@ -12,7 +12,7 @@ from sandgate.sandbox.launch import Sandbox
 from sandgate.session.stack import Stack
 from sandgate.session.timings import Timings
 
-from .conftest import Runner
+from .conftest import Runner, conns
 
 
 def test_a_reused_snapshot_still_sees_a_foreign_change(stack: Stack) -> None:
@@ -86,3 +86,22 @@ def test_a_join_lists_the_rules_ahead_and_the_listing_is_true(stack: Stack) -> N
     finally:
         box.destroy()
         cleanup.disown(box.netns)
+
+
+def test_counters_read_inside_the_settle_count_every_attempt(sandbox: Runner) -> None:
+    """remove_guest reads a quiet guest's counters before the log settle, not after it: they
+    must still hold every flow the session started, as its logged events do."""
+    script = (
+        "import socket\n"
+        "for _ in range(3):\n"
+        "    c = socket.socket(); c.settimeout(0.3)\n"
+        "    try: c.connect(('10.77.0.20', 22))\n"
+        "    except OSError: pass\n"
+        "    c.close()\n"
+    )
+    r = sandbox("python3", "-c", script, mode="open")
+    assert r.exit_code == 0, r.message
+    tripwire = [c for c in r.report.counters.values() if c["verdict"] != "allow"]
+    logged = [e for e in conns(sandbox.events(r), "10.77.0.20", 22) if e.verdict != "allow"]
+    assert len(logged) == 3, logged
+    assert sum(int(c["packets"]) for c in tripwire) == 3, r.report.counters

@@ -534,6 +534,13 @@ class Lifecycle:
             self._approvals.forget_guest(name)  # its waiters are refused at once
         # The last packets' log records arrive within NFLOG_SETTLE; a caller that knows when
         # the guest went quiet (its processes were killed) saves the part already waited.
+        # Its counters are final then (sites count the packets that start flows, established
+        # ones are accepted before them, and no flow starts once its processes are gone; only
+        # the log records wait in the kernel's batches): read inside the settle, not after it.
+        counters = None
+        if quiet_since is not None:
+            counters = self.counters(guest)
+            t.mark("counters")
         quiet = time.time() - quiet_since if quiet_since is not None else 0.0
         if quiet < NFLOG_SETTLE:
             await asyncio.sleep(NFLOG_SETTLE - max(0.0, quiet))
@@ -541,9 +548,10 @@ class Lifecycle:
         self.feed.read_all(guest)
         self.sink.attributor.flush(name, time.monotonic())
         t.mark("logs")
-        counters = self.counters(guest)
+        if counters is None:
+            counters = self.counters(guest)
+            t.mark("counters")
         self._retire(guest.profile.name, counters)
-        t.mark("counters")
         async with self._lock:
             loop = asyncio.get_running_loop()
             if guest.uidlog is not None:
