@@ -3,11 +3,13 @@ while no commit reached the kernel still shows a change made from outside the ga
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import time
 
 from sandgate import cleanup
+from sandgate.events.store import home_of
 from sandgate.sandbox.launch import Sandbox
 from sandgate.session.stack import Stack
 from sandgate.session.timings import Timings
@@ -105,3 +107,20 @@ def test_counters_read_inside_the_settle_count_every_attempt(sandbox: Runner) ->
     logged = [e for e in conns(sandbox.events(r), "10.77.0.20", 22) if e.verdict != "allow"]
     assert len(logged) == 3, logged
     assert sum(int(c["packets"]) for c in tripwire) == 3, r.report.counters
+
+
+def test_retention_runs_beside_the_command_and_is_done_when_the_run_returns(
+    sandbox: Runner,
+) -> None:
+    """Older sessions' files are pruned while the command runs (not after it): the run still
+    returns only once that is done, and never touches its own folder."""
+    sessions = home_of(str(sandbox.store_path)) / "sessions"
+    old = sessions / "20000101-000000-0ld0"
+    (old / "deep").mkdir(parents=True)
+    (old / "deep" / "output.log").write_text("from long ago\n")
+    for path in (old / "deep" / "output.log", old / "deep", old):
+        os.utime(path, (0, 0))  # 1970: older than any SANDGATE_KEEP_DAYS
+    r = sandbox("true")
+    assert r.exit_code == 0, r.message
+    assert not old.exists()
+    assert (sessions / r.session).is_dir()
