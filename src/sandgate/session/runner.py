@@ -331,6 +331,8 @@ def _claims(
     facts: Any,
 ) -> dict[str, Any]:
     """The claim check's findings (``claims``), or why it failed (``claims_error``)."""
+    if not answer.strip():
+        return {"claims": []}  # an empty answer claims nothing (evidence.findings agrees)
     try:
         reach = evidence.reach_by_policy(
             _policy_of(stack, opts),
