@@ -12,6 +12,7 @@ import time
 from sandgate import cleanup
 from sandgate.events.store import home_of
 from sandgate.gateway import integrity
+from sandgate.net import ns
 from sandgate.sandbox.launch import Sandbox
 from sandgate.session.stack import Stack
 from sandgate.session.timings import Timings
@@ -70,6 +71,13 @@ def test_a_join_lists_the_rules_ahead_and_the_listing_is_true(stack: Stack) -> N
         with stack.gateway.client() as ctl:
             guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
             try:
+                # Made beside the link, there when the join returns: the guest's uid log.
+                uid_table = subprocess.run(
+                    ["nsenter", f"--net={ns.path(box.netns)}", "nft", "list", "table", "inet",
+                     "sandgate"],
+                    capture_output=True, text=True, check=True,
+                ).stdout  # fmt: skip
+                assert "hook output" in uid_table and "sg:uid" in uid_table, uid_table
                 time.sleep(0.3)  # the listing runs on the gateway's loop right after the reply
                 early = ctl.call("snapshot")  # nothing runs in the guest: no commit since
                 assert early["reused"], "the join's listing was not there for the snapshot"

@@ -304,10 +304,18 @@ class Lifecycle:
                 undo.append(lambda: self.netlink.submit(self.plumber.release_guest, link).result())
                 t.mark("link")
             else:
-                await self._nl(self.plumber.attach_guest, link, netns)
+                # The uid-log table goes into the guest's namespace while the link is made (it
+                # names only lo): nothing runs in there before this join returns (issue 13).
+                uid_log = loop.run_in_executor(None, _uid_log_in, netns)
+                try:
+                    await self._nl(self.plumber.attach_guest, link, netns)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await uid_log
+                    raise
                 undo.append(lambda: self.netlink.submit(self.plumber.detach_guest, link).result())
                 t.mark("link")
-                ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
+                await uid_log
                 t.mark("uid_log")
             cmds, sites = guest_add(link, profile, self.limits)
             self.nft.run(batch(*cmds))
@@ -750,6 +758,10 @@ def _stop_hold(done: asyncio.Future[ProcessHold | None]) -> None:
     """A hold that finished starting after its guest failed: stop it."""
     if not done.cancelled() and done.exception() is None and (hold := done.result()):
         threading.Thread(target=hold.stop, daemon=True).start()
+
+
+def _uid_log_in(netns: str) -> None:
+    ns.run_in(netns, lambda: _apply_in_place(guest_uid_log()))
 
 
 def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
