@@ -1,5 +1,6 @@
 """Named network namespaces made and removed without ``ip netns`` (issue 13): each is a fresh
-namespace that iproute2 sees as its own, and removing one really ends it (its links go)."""
+namespace that iproute2 sees as its own, and removing one really ends it (its links go). And
+the guest's process hold, installed without waiting for its restore process to exit."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandgate.errors import NetError
-from sandgate.net import ns
+from sandgate.net import iptables, ns
+from sandgate.net.nft import Nft
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
@@ -66,3 +68,50 @@ def test_only_our_names() -> None:
         ns.create("nstest-not-ours")
     with pytest.raises(NetError, match="refusing"):
         ns.remove("../nstest")
+
+
+def test_the_process_hold_is_in_force_when_its_install_returns() -> None:
+    """install_hold returns at the kernel's commit, before iptables-nft-restore has exited: the
+    rules are there at once, a rejected restore is still an error, the child is reaped, and the
+    host's namespace is still refused before anything runs."""
+    name = f"sg-nstest-{os.getpid()}-h"
+    try:
+        ns.create(name)
+        with ns.NsThread(name) as worker:
+
+            def install_then_list() -> str | None:
+                iptables.install_hold(7)
+                nft = Nft()  # in-process, at once: no time for a late commit to land
+                try:
+                    return nft.list_text("list table ip mangle")
+                finally:
+                    nft.close()
+
+            rules = worker.call(install_then_list) or ""
+            assert "queue" in rules and "num 7" in rules, rules
+            with pytest.raises(NetError, match="failed"):
+                worker.call(
+                    lambda: iptables._restore_committed("*mangle\n-A NOSUCH -j X\nCOMMIT\n")
+                )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _children("iptables-nft-re"):
+            time.sleep(0.05)
+        assert not _children("iptables-nft-re"), "the restore was not reaped"
+    finally:
+        ns.remove(name)
+    with pytest.raises(NetError, match="host"):
+        iptables.install_hold(7)  # this thread is in the host's namespace
+
+
+def _children(comm: str) -> list[str]:
+    me = str(os.getpid())
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split(") ")[-1].split()
+            name = stat.read_text().split("(", 1)[1].split(")")[0]
+        except (OSError, IndexError):
+            continue
+        if fields[1] == me and name == comm:
+            out.append(stat.parent.name)
+    return out
