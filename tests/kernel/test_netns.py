@@ -5,6 +5,7 @@ the guest's process hold, installed without waiting for its restore process to e
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.errors import NetError
+from sandgate.gateway.logs.prochold import ProcessHold
 from sandgate.net import iptables, ns
 from sandgate.net.nft import Nft
 
@@ -115,3 +117,35 @@ def _children(comm: str) -> list[str]:
         if fields[1] == me and name == comm:
             out.append(stat.parent.name)
     return out
+
+
+def test_a_stopped_hold_reports_nothing_more_and_its_worker_ends() -> None:
+    """ProcessHold.stop returns once the worker's loop is over (its socket closes after): every
+    report came before stop returned, and the worker still ends."""
+    name = f"sg-nstest-{os.getpid()}-p"
+    reports: list[object] = []
+    try:
+        ns.create(name)
+        hold = ProcessHold("g9", name, lambda key, uid, process: reports.append(key))
+        hold.start()
+
+        def send() -> None:
+            for cmd in ("link add sg-nstd0 type veth peer name sg-nstd1", "link set sg-nstd0 up",
+                        "addr add 192.0.2.9/24 dev sg-nstd0"):  # fmt: skip
+                subprocess.run(["ip", *cmd.split()], check=True)  # in this namespace only
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.sendto(b"x", ("192.0.2.77", 9))  # out of a link that is not lo: held
+
+        ns.run_in(name, send)
+        deadline = time.monotonic() + 10
+        while not reports and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert reports, "the hold reported nothing"
+        hold.stop()
+        seen = len(reports)
+        assert hold._thread is not None
+        hold._thread.join(timeout=10)
+        assert not hold._thread.is_alive()
+        assert len(reports) == seen
+    finally:
+        ns.remove(name)
