@@ -252,6 +252,7 @@ def _restore_committed(text: str) -> None:
     if shutil.which(RESTORE) is None:
         raise SetupError(f"{RESTORE} not found", "apt-get install iptables")
     monitor = CommitMonitor()  # in this thread's namespace, before the child commits
+    child: subprocess.Popen[bytes] | None = None
     try:
         child = subprocess.Popen(
             [RESTORE], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -273,15 +274,19 @@ def _restore_committed(text: str) -> None:
                 raise NetError(f"{RESTORE} did not finish in 30 s")
             select.select([monitor.fileno()], [], [], 0.05)
     finally:
-        monitor.close()
-    threading.Thread(target=_reap, args=(child,), name="restore-reap", daemon=True).start()
+        # Closing the monitor (a socket in a multicast group) waits out a grace period too
+        # (9-16 ms): on the reaping thread, with the child's exit.
+        threading.Thread(
+            target=_reap, args=(child, monitor), name="restore-reap", daemon=True
+        ).start()
 
 
-def _reap(child: subprocess.Popen[bytes]) -> None:
-    assert child.stderr is not None
-    child.stderr.read()
-    child.stderr.close()
-    child.wait()
+def _reap(child: subprocess.Popen[bytes] | None, monitor: CommitMonitor) -> None:
+    monitor.close()
+    if child is not None and child.stderr is not None:
+        child.stderr.read()
+        child.stderr.close()
+        child.wait()
 
 
 def install(gate: TlsGate, allow_host: bool = False) -> None:
