@@ -314,6 +314,10 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
     source = tls_source.start(bs)
     peers = peer_proxies.start(bs, source.ca_pem)
     specs = paths(peers)
+    # SANDGATE_BENCH_PATHS=kernel,sg-inspect,...: only those paths (to iterate on one of them).
+    only = [k for k in os.environ.get("SANDGATE_BENCH_PATHS", "").split(",") if k]
+    if only:
+        specs = [p for p in specs if p.key in only]
     pids = {"server": source.server.pid, "gateway": bs.stack.gateway.pid, **peers.pids}
     ca = str(peers.ca_bundle) if peers.ca_bundle else None
     agents: dict[str, Agent] = {}

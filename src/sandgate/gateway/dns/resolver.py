@@ -162,6 +162,22 @@ class Resolver:
         except (TimeoutError, OSError):
             return []
 
+    def answer_blocking(self, name: str) -> bytes | None:
+        """The upstream's reply to an A question for ``name``, from a proxy thread (the proxy
+        keeps its addresses for the reply's TTL: gateway/proxy/lookup.py); None: no reply."""
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._answer(name), self._loop)
+        try:
+            return future.result(PROXY_LOOKUP_TIMEOUT)
+        except (TimeoutError, OSError):
+            return None
+
+    async def _answer(self, name: str) -> bytes | None:
+        try:
+            return await self.upstream.ask(dnslogic.address_query(name, self.upstream.new_id()))
+        except (TimeoutError, OSError):
+            return None
+
     async def _addresses(self, name: str) -> list[IPv4Address]:
         query = dnslogic.address_query(name, self.upstream.new_id())
         try:

@@ -34,12 +34,15 @@ from sandgate.gateway.proxy.credentials import (
     same_lengths,
 )
 from sandgate.gateway.proxy.flow import Emit, Judged, ProxyGuest, Record, Resolve, judge
+from sandgate.gateway.proxy.tlsio import Stream, TlsStream
 from sandgate.policy.decide import Attempt, Reason, decide, deny
 from sandgate.policy.model import Protocol
 from sandgate.policy.requests import names_agree, placeholder_sent
 
 MAX_HEAD = 64 * 1024
-RECV = 64 * 1024
+# Bytes asked of a peer per read. Large: a TLS peer decrypts every record it holds in one call
+# (tlsio.py), so a bulk body costs h11 and us one pass per read, not one per 16 KiB record.
+RECV = 1 << 20
 # How much of a chunked request body is read and checked before the upstream is dialled.
 AHEAD_BYTES = 256 * 1024
 AHEAD_SECONDS = 1.0
@@ -56,7 +59,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-Dial = Callable[[str, int, "str | None"], socket.socket]  # address, port, TLS server name
+Dial = Callable[[str, int, "str | None"], Stream]  # address, port, TLS server name
 
 
 @dataclass
@@ -77,17 +80,22 @@ class Ctx:
 class _Peer:
     """A socket and its h11 state, with a tolerant reader."""
 
-    def __init__(self, sock: socket.socket, role: type[h11.CLIENT] | type[h11.SERVER]) -> None:
+    def __init__(self, sock: Stream, role: type[h11.CLIENT] | type[h11.SERVER]) -> None:
         self.sock = sock
         self.h = h11.Connection(role, max_incomplete_event_size=MAX_HEAD)
         self.raw_head = bytearray()  # bytes received before the current event completed
         self.body_check: ChunkedCheck | None = None
+        self.out: list[bytes] = []  # written by send(..., hold=True), sent by flush()
 
-    def next_event(self) -> Any:
+    def next_event(self, flush: _Peer | None = None) -> Any:
+        """The next h11 event; before waiting for bytes, ``flush`` is flushed (what was
+        held for it is all there is until this peer speaks again)."""
         while True:
             event = self.h.next_event()
             if event is not h11.NEED_DATA:
                 return event
+            if flush is not None:
+                flush.flush()
             try:
                 data = self.sock.recv(RECV)
             except (TimeoutError, ssl.SSLError, OSError):
@@ -109,11 +117,21 @@ class _Peer:
         self.body_check = ChunkedCheck()
         self.body_check.feed(bytes(self.h._receive_buffer))  # h11 is pinned (see serve)
 
-    def send(self, event: h11.Event) -> int:
+    def send(self, event: h11.Event, hold: bool = False) -> int:
+        """Send an event; with ``hold``, keep its bytes for the next flush() (a response's head,
+        body and end in one TLS record and one system call)."""
         data = self.h.send(event)
         if data:
-            self.sock.sendall(data)
+            self.out.append(data)
+        if not hold:
+            self.flush()
         return len(data or b"")
+
+    def flush(self) -> None:
+        if self.out:
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.out.clear()
+            self.sock.sendall(data)
 
 
 @dataclass
@@ -123,7 +141,7 @@ class _Upstream:
     scanner: BodyScanner | None = field(default=None)
 
 
-def serve(sock: socket.socket, ctx: Ctx) -> None:
+def serve(sock: Stream, ctx: Ctx) -> None:
     """Serve one client connection until it closes, a limit is hit, or a request is refused."""
     sock.settimeout(ctx.idle)
     client = _Peer(sock, h11.SERVER)
@@ -323,15 +341,37 @@ def _exchange(
     ctx: Ctx,
 ) -> bool:
     """Forward one request and its response, streaming both bodies. True: keep the connection.
-    ``ahead``: body events already read (and checked); the rest is read as it comes."""
+    ``ahead``: body events already read (and checked); the rest is read as it comes. Writes are
+    held until the side they come from has nothing more buffered (``_Peer.next_event(flush=)``),
+    so a small response is one write; whatever was held is sent before this returns."""
+    try:
+        return _forward(client, server, req, target, headers, ahead, rec, scanner, websocket, ctx)
+    finally:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            client.flush()
+
+
+def _forward(
+    client: _Peer,
+    server: _Peer,
+    req: h11.Request,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    ahead: list[h11.Data | h11.EndOfMessage],
+    rec: Record,
+    scanner: BodyScanner,
+    websocket: bool,
+    ctx: Ctx,
+) -> bool:
     server.send(
         h11.Request(
             method=req.method, target=target, headers=headers, http_version=req.http_version
-        )
+        ),
+        hold=True,
     )
     pending = list(ahead)
     while True:
-        event = pending.pop(0) if pending else _body_event(client)
+        event = pending.pop(0) if pending else _body_event(client, server)
         if isinstance(event, h11.Data):
             found = scanner.feed(event.data)
             if found is not None:
@@ -339,7 +379,7 @@ def _exchange(
                 rec.status = 403
                 return False
             rec.bytes_up += len(event.data)
-            server.send(event)
+            server.send(event, hold=True)
         elif isinstance(event, h11.EndOfMessage):
             server.send(event)
             break
@@ -373,22 +413,24 @@ def _exchange(
                     headers=headers,
                     reason=event.reason,
                     http_version=b"1.1",
-                )
+                ),
+                hold=True,
             )
             break
         return False
     redactor = Redactor(ctx.guest.secrets)
     while True:
-        event = server.next_event()
+        # Held bytes go out before any wait: a streamed response is never held back.
+        event = server.next_event(flush=client)
         if isinstance(event, h11.Data):
             rec.bytes_down += len(event.data)
             data = redactor.feed(event.data)
             if data:
-                client.send(h11.Data(data=data))  # at once: never hold a streamed response
+                client.send(h11.Data(data=data), hold=True)
         elif isinstance(event, h11.EndOfMessage):
             tail = redactor.flush()
             if tail:
-                client.send(h11.Data(data=tail))
+                client.send(h11.Data(data=tail), hold=True)
             client.send(event)
             return server.h.our_state is h11.DONE and server.h.their_state is h11.DONE
         else:
@@ -417,10 +459,11 @@ def _chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return any(n.lower() == b"transfer-encoding" for n, _ in headers)
 
 
-def _body_event(client: _Peer) -> Any:
-    """The client's next body event; its protocol errors are the client's (a 400)."""
+def _body_event(client: _Peer, server: _Peer) -> Any:
+    """The client's next body event (what is held for ``server`` is sent before waiting); its
+    protocol errors are the client's (a 400)."""
     try:
-        return client.next_event()
+        return client.next_event(flush=server)
     except h11.RemoteProtocolError as exc:
         raise PeerProtocolError(httphead.h11_message(exc), 400) from exc
 
@@ -470,6 +513,7 @@ def _read_ahead(client: _Peer, ctx: Ctx) -> list[h11.Data | h11.EndOfMessage]:
 def _connect(client: _Peer, host: str | None, port: int | None, rec: Record, ctx: Ctx) -> None:
     rec.host, rec.port = host, port
     assert port is not None and ctx.on_connect is not None
+    assert isinstance(client.sock, socket.socket)  # CONNECT is for the plain proxy port only
     if ctx.guest.profile.front(host) is not None and port == 443:
         # A fronted service: the gateway itself answers, after the TLS handshake (server.py).
         rec.decision = decide(ctx.guest.profile, Attempt(Protocol.TCP, None, port, host))
@@ -506,14 +550,12 @@ def _tunnel(a: _Peer, b: _Peer) -> tuple[int, int]:
 
 
 def copy_both(
-    a: socket.socket, b: socket.socket, up: int = 0, down: int = 0, idle: float = 300.0
+    a: Stream, b: Stream, up: int = 0, down: int = 0, idle: float = 300.0
 ) -> tuple[int, int]:
-    """One-thread relay that also works for TLS sockets (whose buffered bytes select() misses)."""
-    open_: dict[socket.socket, socket.socket] = {a: b, b: a}
+    """One-thread relay that also works for TLS streams (whose buffered bytes select() misses)."""
+    open_: dict[Stream, Stream] = {a: b, b: a}
     while open_:
-        ready: list[socket.socket] = [
-            s for s in open_ if isinstance(s, ssl.SSLSocket) and s.pending()
-        ]
+        ready: list[Stream] = [s for s in open_ if isinstance(s, TlsStream) and s.pending()]
         if not ready:
             ready, _, _ = select.select(list(open_), [], [], idle)
             if not ready:
@@ -624,6 +666,6 @@ def origin_form(target: bytes) -> bytes:
     return (path + (f"?{parts.query}" if parts.query else "")).encode("latin-1")
 
 
-def _close(sock: socket.socket) -> None:
+def _close(sock: Stream) -> None:
     with contextlib.suppress(OSError):
         sock.close()
