@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import h11
 
 from sandgate.errors import PeerProtocolError
-from sandgate.gateway.proxy import httphead
+from sandgate.gateway.proxy import httphead, splice
 from sandgate.gateway.proxy.chunked import ChunkedCheck
 from sandgate.gateway.proxy.credentials import (
     BodyScanner,
@@ -46,6 +46,8 @@ RECV = 1 << 20
 # How much of a chunked request body is read and checked before the upstream is dialled.
 AHEAD_BYTES = 256 * 1024
 AHEAD_SECONDS = 1.0
+# A plain response body at least this long, that nothing needs to read, is spliced (splice.py).
+SPLICE_MIN = 64 * 1024
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -127,6 +129,21 @@ class _Peer:
             self.flush()
         return len(data or b"")
 
+    def fresh(self, rest: bytes = b"", closed: bool = False) -> None:
+        """New h11 state after a body h11 did not see (spliced): ``rest`` is what the peer sent
+        after it (a pipelined request), ``closed`` whether it has closed its side since."""
+        self.h = h11.Connection(self.h.our_role, max_incomplete_event_size=MAX_HEAD)
+        if rest:
+            self.h.receive_data(rest)
+        if closed:
+            self.h.receive_data(b"")
+
+    def next_cycle(self) -> None:
+        """Ready for the next request (a fresh state already is)."""
+        if self.h.our_state is h11.IDLE and self.h.their_state is h11.IDLE:
+            return
+        self.h.start_next_cycle()
+
     def flush(self) -> None:
         if self.out:
             data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
@@ -167,7 +184,7 @@ def serve(sock: Stream, ctx: Ctx) -> None:
             if client.h.our_state is h11.MUST_CLOSE or client.h.their_state is h11.MUST_CLOSE:
                 return
             try:
-                client.h.start_next_cycle()
+                client.next_cycle()
             except h11.LocalProtocolError:
                 return
     finally:
@@ -321,7 +338,7 @@ def _one_request(
         _close(upstream.peer.sock)
         return False, None
     try:
-        upstream.peer.h.start_next_cycle()
+        upstream.peer.next_cycle()
     except h11.LocalProtocolError:
         _close(upstream.peer.sock)
         upstream = None
@@ -416,6 +433,9 @@ def _forward(
                 ),
                 hold=True,
             )
+            length = _spliceable(client, server, req, event, ctx)
+            if length is not None:
+                return _splice_body(client, server, req, event, length, rec)
             break
         return False
     redactor = Redactor(ctx.guest.secrets)
@@ -435,6 +455,59 @@ def _forward(
             return server.h.our_state is h11.DONE and server.h.their_state is h11.DONE
         else:
             return False
+
+
+def _spliceable(
+    client: _Peer, server: _Peer, req: h11.Request, resp: h11.Response, ctx: Ctx
+) -> int | None:
+    """The length of a response body that can be spliced, else None: plain sockets both
+    sides, no secret that a body could carry (so no redaction), and a Content-Length body
+    (chunked and close-delimited bodies are framed by h11, request bodies always are)."""
+    if ctx.guest.secrets or req.method == b"HEAD" or resp.status_code in (204, 304):
+        return None
+    if not (isinstance(client.sock, socket.socket) and isinstance(server.sock, socket.socket)):
+        return None
+    if server.h.their_state is not h11.SEND_BODY:
+        return None
+    lengths = {v for n, v in resp.headers if n == b"content-length"}
+    if len(lengths) != 1 or any(n == b"transfer-encoding" for n, _ in resp.headers):
+        return None
+    length = int(lengths.pop())  # h11 checked it is digits
+    return length if length >= SPLICE_MIN else None
+
+
+def _splice_body(
+    client: _Peer, server: _Peer, req: h11.Request, resp: h11.Response, length: int, rec: Record
+) -> bool:
+    """Move a Content-Length body in the kernel (splice.py); then both peers get a fresh h11
+    state for the next request, as h11 would after the body. True: keep the connection."""
+    client.flush()  # the head
+    assert isinstance(client.sock, socket.socket) and isinstance(server.sock, socket.socket)
+    held = bytes(server.h._receive_buffer)  # body bytes h11 already read (h11 is pinned)
+    first, extra = held[:length], held[length:]
+    if first:
+        client.sock.sendall(first)
+    moved = splice.move(server.sock, client.sock, length - len(first), _idle(server.sock))
+    rec.bytes_down += len(first) + moved.count
+    if moved.ended is not None:
+        rec.note = f"aborted: {moved.ended} after {rec.bytes_down} of {length} bytes"
+        return False
+    if extra or not (_keeps_alive(req) and _keeps_alive(resp)):
+        return False  # bytes past the body, or a side that said close: end here
+    rest = bytes(client.h._receive_buffer)  # a pipelined request, judged on its own next
+    client.fresh(rest, closed=client.h._receive_buffer_closed)
+    server.fresh()
+    return True
+
+
+def _keeps_alive(event: h11.Request | h11.Response) -> bool:
+    """h11's own rule: HTTP/1.1 and no ``close`` among the Connection header's tokens."""
+    tokens = b",".join(v for n, v in event.headers if n == b"connection").lower().split(b",")
+    return event.http_version >= b"1.1" and b"close" not in {t.strip() for t in tokens}
+
+
+def _idle(sock: socket.socket) -> float:
+    return sock.gettimeout() or 120.0
 
 
 def _asked(ctx: Ctx, host: str | None, judged: Judged) -> bool:
