@@ -314,8 +314,13 @@ def test_inspected_bodies_and_injection_through_memory_bios(tmp_path: Path) -> N
     with upstream(server_tls) as up:
         proxy = Proxy(lambda name: [LOOP], lambda k, e: events.append(e),
                       ca_dir=tmp_path / "pca", extra_ca=[tmp_path / "ca.pem"])  # fmt: skip
-        real_dial = proxy._dial
-        proxy._dial = lambda address, port, name: real_dial(address, up.port, name)  # type: ignore[method-assign]
+        real_dial, dialled = proxy._dial, []
+
+        def dial(address: str, port: int, name: str | None) -> Stream:
+            dialled.append(real_dial(address, up.port, name))
+            return dialled[-1]
+
+        proxy._dial = dial  # type: ignore[method-assign]
         g = guest("open", (SECRET,))
 
         def handle(conn: socket.socket, peer: tuple[str, int]) -> None:
@@ -333,9 +338,16 @@ def test_inspected_bodies_and_injection_through_memory_bios(tmp_path: Path) -> N
         _, body = read_response(client, buf)
         assert body == f"Bearer {SECRET.placeholder}".encode()  # redacted on the way back
         client.close()
+        # A second connection: the upstream's TLS session is resumed (kept when the first
+        # upstream connection closed: TLS 1.3 sends its ticket after the handshake).
+        again = trust.wrap_socket(proxied(handle), server_hostname=NAME)
+        again.sendall(get("/cl/5"))
+        assert read_response(again, bytearray())[1] == pattern(5)
+        again.close()
         proxy.close()
-    assert f"Bearer {REAL}".encode() in up.heads[-1]
+    assert [getattr(s, "session_reused", None) for s in dialled] == [False, True]
+    assert f"Bearer {REAL}".encode() in up.heads[3]
     assert SECRET.placeholder.encode() not in b"".join(up.heads)
-    assert events[-1].details["credentials"] == ["injected:api"]
-    assert [e.verdict for e in events] == ["allow"] * 4
-    assert len(up.heads) == 4  # one upstream connection carried them all
+    assert events[3].details["credentials"] == ["injected:api"]
+    assert [e.verdict for e in events] == ["allow"] * 5
+    assert len(up.heads) == 5  # one upstream connection carried the first four
