@@ -57,6 +57,14 @@ def pattern(n: int) -> bytes:
     return (bytes(range(251)) * (n // 251 + 1))[:n]
 
 
+def with_key(n: int, key: str) -> bytes:
+    """``pattern(n)`` with ``key`` written over it every 100,003 bytes (and at the very end)."""
+    body = bytearray(pattern(n))
+    for at in [*range(7, n - len(key), 100_003), n - len(key)]:
+        body[at : at + len(key)] = key.encode()
+    return bytes(body)
+
+
 # -- the upstream: a small HTTP/1.1 server that records each request head --------------------
 
 
@@ -114,6 +122,9 @@ class Upstream:
             conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % n + body[: n // 2])
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             return False
+        elif kind == "key":  # a big body that shows the real key here and there
+            body = with_key(n, REAL)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % n + body)
         elif kind == "echo":  # the Authorization header it got, as the body
             auth = re.search(rb"(?im)^authorization: *(.*)$", head)
             got = auth.group(1) if auth else b"-"
@@ -299,10 +310,21 @@ def test_an_upstream_reset_mid_body_ends_the_client_connection(splices: list[int
 # -- inspected TLS --------------------------------------------------------------------------------
 
 
-def test_inspected_bodies_and_injection_through_memory_bios(tmp_path: Path) -> None:
+def test_inspected_bodies_and_injection_through_memory_bios(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Through inspection (TLS both sides on memory BIOs): bodies arrive identical, the
     placeholder becomes the real key upstream, and the key in a response is shown as the
-    placeholder again; several requests on one connection."""
+    placeholder again (in a large body too, which bypasses h11); several requests on one
+    connection; the next connection resumes the upstream's TLS session."""
+    direct: list[int] = []
+    real_direct = http1._direct_body
+
+    def watched(*args: Any) -> bool:
+        direct.append(args[4])
+        return real_direct(*args)
+
+    monkeypatch.setattr(http1, "_direct_body", watched)
     up_ca = make_ca("upstream CA")
     cert, key = up_ca.issue([NAME])
     (tmp_path / "c.pem").write_bytes(cert)
@@ -334,6 +356,8 @@ def test_inspected_bodies_and_injection_through_memory_bios(tmp_path: Path) -> N
             client.sendall(get(f"/{path}/{n}"))
             head, body = read_response(client, buf)
             assert head.startswith(b"HTTP/1.1 200") and body == pattern(n), (path, len(body))
+        client.sendall(get(f"/key/{BIG}"))  # redacted in a body that bypasses h11
+        assert read_response(client, buf)[1] == with_key(BIG, SECRET.placeholder)
         client.sendall(get("/echo", f"Authorization: Bearer {SECRET.placeholder}\r\n"))
         _, body = read_response(client, buf)
         assert body == f"Bearer {SECRET.placeholder}".encode()  # redacted on the way back
@@ -346,8 +370,9 @@ def test_inspected_bodies_and_injection_through_memory_bios(tmp_path: Path) -> N
         again.close()
         proxy.close()
     assert [getattr(s, "session_reused", None) for s in dialled] == [False, True]
-    assert f"Bearer {REAL}".encode() in up.heads[3]
+    assert f"Bearer {REAL}".encode() in up.heads[4]
     assert SECRET.placeholder.encode() not in b"".join(up.heads)
-    assert events[3].details["credentials"] == ["injected:api"]
-    assert [e.verdict for e in events] == ["allow"] * 5
-    assert len(up.heads) == 5  # one upstream connection carried the first four
+    assert events[4].details["credentials"] == ["injected:api"]
+    assert direct == [BIG, BIG]  # the Content-Length bodies that bypassed h11
+    assert [e.verdict for e in events] == ["allow"] * 6
+    assert len(up.heads) == 6  # one upstream connection carried the first five

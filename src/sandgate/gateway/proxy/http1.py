@@ -46,8 +46,9 @@ RECV = 1 << 20
 # How much of a chunked request body is read and checked before the upstream is dialled.
 AHEAD_BYTES = 256 * 1024
 AHEAD_SECONDS = 1.0
-# A plain response body at least this long, that nothing needs to read, is spliced (splice.py).
-SPLICE_MIN = 64 * 1024
+# A Content-Length response body at least this long bypasses h11 (_direct_body): spliced in the
+# kernel where nothing needs to read it (splice.py), else moved in large pieces.
+DIRECT_MIN = 64 * 1024
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -433,9 +434,9 @@ def _forward(
                 ),
                 hold=True,
             )
-            length = _spliceable(client, server, req, event, ctx)
+            length = _direct_length(client, server, req, event, ctx)
             if length is not None:
-                return _splice_body(client, server, req, event, length, rec)
+                return _direct_body(client, server, req, event, length, rec, ctx)
             break
         return False
     redactor = Redactor(ctx.guest.secrets)
@@ -457,40 +458,66 @@ def _forward(
             return False
 
 
-def _spliceable(
+def _direct_length(
     client: _Peer, server: _Peer, req: h11.Request, resp: h11.Response, ctx: Ctx
 ) -> int | None:
-    """The length of a response body that can be spliced, else None: plain sockets both
-    sides, no secret that a body could carry (so no redaction), and a Content-Length body
-    (chunked and close-delimited bodies are framed by h11, request bodies always are)."""
-    if ctx.guest.secrets or req.method == b"HEAD" or resp.status_code in (204, 304):
+    """The length of a response body that can bypass h11, else None: a Content-Length body
+    (chunked and close-delimited ones are framed by h11, request bodies always are) whose
+    length the forwarded head keeps (redaction cannot change it: ``same_lengths``)."""
+    if req.method == b"HEAD" or resp.status_code in (204, 304):
         return None
-    if not (isinstance(client.sock, socket.socket) and isinstance(server.sock, socket.socket)):
-        return None
-    if server.h.their_state is not h11.SEND_BODY:
+    if not same_lengths(ctx.guest.secrets) or server.h.their_state is not h11.SEND_BODY:
         return None
     lengths = {v for n, v in resp.headers if n == b"content-length"}
     if len(lengths) != 1 or any(n == b"transfer-encoding" for n, _ in resp.headers):
         return None
     length = int(lengths.pop())  # h11 checked it is digits
-    return length if length >= SPLICE_MIN else None
+    return length if length >= DIRECT_MIN else None
 
 
-def _splice_body(
-    client: _Peer, server: _Peer, req: h11.Request, resp: h11.Response, length: int, rec: Record
+def _direct_body(
+    client: _Peer,
+    server: _Peer,
+    req: h11.Request,
+    resp: h11.Response,
+    length: int,
+    rec: Record,
+    ctx: Ctx,
 ) -> bool:
-    """Move a Content-Length body in the kernel (splice.py); then both peers get a fresh h11
-    state for the next request, as h11 would after the body. True: keep the connection."""
+    """Move a Content-Length body without h11: spliced in the kernel (splice.py) between plain
+    sockets when no secret could need redacting, else read and written in large pieces (one
+    pass per ``RECV``, TLS on memory BIOs, through the ``Redactor``). Then both peers get a
+    fresh h11 state for the next request, as h11 would after the body. True: keep it."""
     client.flush()  # the head
-    assert isinstance(client.sock, socket.socket) and isinstance(server.sock, socket.socket)
     held = bytes(server.h._receive_buffer)  # body bytes h11 already read (h11 is pinned)
     first, extra = held[:length], held[length:]
+    redactor = Redactor(ctx.guest.secrets)
     if first:
-        client.sock.sendall(first)
-    moved = splice.move(server.sock, client.sock, length - len(first), _idle(server.sock))
-    rec.bytes_down += len(first) + moved.count
-    if moved.ended is not None:
-        rec.note = f"aborted: {moved.ended} after {rec.bytes_down} of {length} bytes"
+        client.sock.sendall(redactor.feed(first))
+    rec.bytes_down += len(first)
+    left = length - len(first)
+    src, dst = server.sock, client.sock
+    if isinstance(src, socket.socket) and isinstance(dst, socket.socket) and not ctx.guest.secrets:
+        moved = splice.move(src, dst, left, _idle(src))
+        rec.bytes_down += moved.count
+        ended = moved.ended
+    else:
+        ended = None
+        while left > 0:
+            data = src.recv(min(RECV, left))
+            if not data:
+                ended = "eof"
+                break
+            left -= len(data)
+            rec.bytes_down += len(data)
+            out = redactor.feed(data)
+            if out:
+                dst.sendall(out)
+        tail = redactor.flush()
+        if tail and ended is None:
+            dst.sendall(tail)
+    if ended is not None:
+        rec.note = f"aborted: {ended} after {rec.bytes_down} of {length} bytes"
         return False
     if extra or not (_keeps_alive(req) and _keeps_alive(resp)):
         return False  # bytes past the body, or a side that said close: end here
