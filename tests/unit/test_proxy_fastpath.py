@@ -155,6 +155,15 @@ def guest(profile: str, secrets: tuple[Secret, ...] = ()) -> ProxyGuest:
     return ProxyGuest(link, None, POLICY.profile(profile), secrets)
 
 
+_serving: list[threading.Thread] = []
+
+
+def settle() -> None:
+    """Wait for the proxy's threads to finish (their last event is emitted as they end)."""
+    while _serving:
+        _serving.pop().join(20)
+
+
 def proxied(handle: Callable[[socket.socket, tuple[str, int]], None]) -> socket.socket:
     """A client socket whose other end ``handle`` serves on a thread of its own."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -163,6 +172,7 @@ def proxied(handle: Callable[[socket.socket, tuple[str, int]], None]) -> socket.
     listener.close()
     thread = threading.Thread(target=lambda: _guarded(handle, conn, peer), daemon=True)
     thread.start()
+    _serving.append(thread)
     client.settimeout(20)
     return client
 
@@ -267,6 +277,7 @@ def test_plain_bodies_arrive_identical_spliced_or_framed(splices: list[int]) -> 
             assert head.startswith(b"HTTP/1.1 200"), head
             assert body == pattern(n), (path, n, len(body))
         client.close()
+        settle()
     # Two Content-Length bodies were big enough to splice (less what h11 had already read);
     # the small, the chunked and the close-delimited ones were framed by h11.
     assert len(splices) == 2 and all(BIG // 2 < n <= BIG for n in splices)
@@ -288,6 +299,7 @@ def test_a_request_after_a_spliced_body_is_judged_on_its_own(splices: list[int])
         head, body = read_response(client, buf)
         assert head.startswith(b"HTTP/1.1 403") and b"deny.request" in body
         client.close()
+        settle()
     assert len(splices) == 1
     assert [h.split(b"\r\n")[0] for h in up.heads] == [f"GET /cl/{BIG} HTTP/1.1".encode()]
     assert [e.reason for e in events] == ["allow.exempt", "deny.request"]
@@ -302,6 +314,7 @@ def test_an_upstream_reset_mid_body_ends_the_client_connection(splices: list[int
         with pytest.raises(EOFError):
             read_response(client, buf)  # the body stops short and the connection closes
         client.close()
+        settle()
     assert len(splices) == 1 and splices[0] < BIG
     assert len(buf) < BIG
     assert "aborted" in events[-1].details["note"]
@@ -362,12 +375,14 @@ def test_inspected_bodies_and_injection_through_memory_bios(
         _, body = read_response(client, buf)
         assert body == f"Bearer {SECRET.placeholder}".encode()  # redacted on the way back
         client.close()
+        settle()
         # A second connection: the upstream's TLS session is resumed (kept when the first
         # upstream connection closed: TLS 1.3 sends its ticket after the handshake).
         again = trust.wrap_socket(proxied(handle), server_hostname=NAME)
         again.sendall(get("/cl/5"))
         assert read_response(again, bytearray())[1] == pattern(5)
         again.close()
+        settle()
         proxy.close()
     assert [getattr(s, "session_reused", None) for s in dialled] == [False, True]
     assert f"Bearer {REAL}".encode() in up.heads[4]

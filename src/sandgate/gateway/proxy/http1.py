@@ -40,9 +40,11 @@ from sandgate.policy.model import Protocol
 from sandgate.policy.requests import names_agree, placeholder_sent
 
 MAX_HEAD = 64 * 1024
-# Bytes asked of a peer per read. Large: a TLS peer decrypts every record it holds in one call
-# (tlsio.py), so a bulk body costs h11 and us one pass per read, not one per 16 KiB record.
+# Bytes asked of a peer per read. From a TLS peer, large: it decrypts every record it holds in
+# one call (tlsio.py), so a bulk body costs h11 and us one pass per read, not one per 16 KiB
+# record. From a plain socket, what the kernel usually holds (its bulk bodies are spliced).
 RECV = 1 << 20
+RECV_PLAIN = 64 * 1024
 # How much of a chunked request body is read and checked before the upstream is dialled.
 AHEAD_BYTES = 256 * 1024
 AHEAD_SECONDS = 1.0
@@ -100,7 +102,7 @@ class _Peer:
             if flush is not None:
                 flush.flush()
             try:
-                data = self.sock.recv(RECV)
+                data = self.sock.recv(_chunk(self.sock))
             except (TimeoutError, ssl.SSLError, OSError):
                 data = b""
             self.take(data)
@@ -504,7 +506,7 @@ def _direct_body(
     else:
         ended = None
         while left > 0:
-            data = src.recv(min(RECV, left))
+            data = src.recv(min(_chunk(src), left))
             if not data:
                 ended = "eof"
                 break
@@ -531,6 +533,10 @@ def _keeps_alive(event: h11.Request | h11.Response) -> bool:
     """h11's own rule: HTTP/1.1 and no ``close`` among the Connection header's tokens."""
     tokens = b",".join(v for n, v in event.headers if n == b"connection").lower().split(b",")
     return event.http_version >= b"1.1" and b"close" not in {t.strip() for t in tokens}
+
+
+def _chunk(sock: Stream) -> int:
+    return RECV if isinstance(sock, TlsStream) else RECV_PLAIN
 
 
 def _idle(sock: socket.socket) -> float:
@@ -600,7 +606,7 @@ def _read_ahead(client: _Peer, ctx: Ctx) -> list[h11.Data | h11.EndOfMessage]:
                 return events
             client.sock.settimeout(left)
             try:
-                data = client.sock.recv(RECV)
+                data = client.sock.recv(_chunk(client.sock))
             except TimeoutError:
                 return events
             except (ssl.SSLError, OSError):
@@ -665,7 +671,7 @@ def copy_both(
             if dst is None:
                 continue
             try:
-                data = src.recv(RECV)
+                data = src.recv(_chunk(src))
             except ssl.SSLWantReadError:
                 continue
             except OSError:
