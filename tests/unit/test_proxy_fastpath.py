@@ -329,7 +329,8 @@ def test_inspected_bodies_and_injection_through_memory_bios(
     """Through inspection (TLS both sides on memory BIOs): bodies arrive identical, the
     placeholder becomes the real key upstream, and the key in a response is shown as the
     placeholder again (in a large body too, which bypasses h11); several requests on one
-    connection; the next connection resumes the upstream's TLS session."""
+    connection; the next connection resumes the upstream's TLS session; an upstream reset
+    mid-body ends the client's connection."""
     direct: list[int] = []
     real_direct = http1._direct_body
 
@@ -383,11 +384,23 @@ def test_inspected_bodies_and_injection_through_memory_bios(
         assert read_response(again, bytearray())[1] == pattern(5)
         again.close()
         settle()
+        # The upstream resets in the middle of a body that bypasses h11: the client's body
+        # stops short and its connection ends (nothing pretends the body was whole).
+        cut = trust.wrap_socket(proxied(handle), server_hostname=NAME)
+        cut.sendall(get(f"/reset/{BIG}"))
+        short = bytearray()
+        with pytest.raises((EOFError, ConnectionError, ssl.SSLError)):  # not a timeout
+            read_response(cut, short)
+        assert len(short) < BIG
+        cut.close()
+        settle()
         proxy.close()
-    assert [getattr(s, "session_reused", None) for s in dialled] == [False, True]
+    assert "aborted" in events[-1].details["note"]
+    events.pop()
+    assert [getattr(s, "session_reused", None) for s in dialled] == [False, True, True]
     assert f"Bearer {REAL}".encode() in up.heads[4]
     assert SECRET.placeholder.encode() not in b"".join(up.heads)
     assert events[4].details["credentials"] == ["injected:api"]
-    assert direct == [BIG, BIG]  # the Content-Length bodies that bypassed h11
+    assert direct == [BIG, BIG, BIG]  # the Content-Length bodies that bypassed h11 (and the cut)
     assert [e.verdict for e in events] == ["allow"] * 6
-    assert len(up.heads) == 6  # one upstream connection carried the first five
+    assert len(up.heads) == 7  # one upstream connection carried the first five
