@@ -36,6 +36,7 @@ from sandgate.gateway.handed import handed_links, own_listeners
 from sandgate.gateway.lifecycle import NFLOG_SETTLE, Lifecycle
 from sandgate.gateway.logfeed import LogFeed, inferred
 from sandgate.gateway.logs.logreader import proto_name
+from sandgate.gateway.proxy.lookup import Lookups
 from sandgate.gateway.proxy.server import Proxy
 from sandgate.gateway.proxy.tlsgate import GateReader
 from sandgate.gateway.selfcheck import SelfCheck, inject_fault
@@ -73,7 +74,7 @@ class Gateway:
         self.resolver = Resolver(list(cfg.upstream_dns), self.sink.flow, self._pin)
         self.sink.attributor.before.append(self.resolver.flush_log)  # its folded repeats
         self.proxy = Proxy(
-            self.resolver.addresses_blocking,
+            Lookups(self.resolver.answer_blocking),  # kept for the answer's TTL
             self.sink.from_thread,
             extra_ca=[Path(p) for p in cfg.extra_ca],
         )

@@ -211,29 +211,27 @@ class Resolver:
         """The loop the proxy's lookups (from its threads) are handed to."""
         self._loop = loop
 
-    def addresses_blocking(self, name: str) -> list[IPv4Address | IPv6Address]:
-        """The proxy's lookup, from one of its threads: A records straight from the upstream
-        (the proxy judges every one with the name, policy.requests.judge_answers)."""
+    def answer_blocking(self, name: str) -> bytes | None:
+        """The upstream's reply for ``name``, from a proxy thread (the proxy keeps its addresses
+        for the reply's TTL: gateway/proxy/lookup.py); None: no reply. The reply to an A
+        question, or for a name that has no A record (but exists) to an AAAA one, which the
+        proxy's decide() allows only where the uplink has IPv6 (deny.ipv6 says so elsewhere)."""
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._addresses(name), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._answer(name), self._loop)
         try:
             return future.result(PROXY_LOOKUP_TIMEOUT)
         except (TimeoutError, OSError):
-            return []
+            return None
 
-    async def _addresses(self, name: str) -> list[IPv4Address | IPv6Address]:
-        """A records; for a name that has none (but exists), its AAAA records, which the
-        proxy's decide() allows only where the uplink has IPv6 (deny.ipv6 says so elsewhere)."""
-        query = dnslogic.address_query(name, self.upstream.new_id())
+    async def _answer(self, name: str) -> bytes | None:
         try:
-            reply = await self.upstream.ask(query)
-            found: list[IPv4Address | IPv6Address] = [*dnslogic.a_records(reply)]
-            if not found and dnslogic.nodata(reply):
+            reply = await self.upstream.ask(dnslogic.address_query(name, self.upstream.new_id()))
+            if not dnslogic.a_records(reply) and dnslogic.nodata(reply):
                 query = dnslogic.address_query(name, self.upstream.new_id(), dnslogic.AAAA)
-                found += dnslogic.aaaa_records(await self.upstream.ask(query))
+                return await self.upstream.ask(query)
+            return reply
         except (TimeoutError, OSError):
-            return []
-        return found
+            return None
 
     async def stop_guest(self, guest: GuestDNS) -> None:
         if guest.udp is not None:
