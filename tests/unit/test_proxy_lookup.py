@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 
 import dns.message
 import dns.rrset
@@ -76,3 +76,14 @@ def test_the_ttl_is_capped_and_a_cname_bounds_it() -> None:
     lookups("a.example")
     assert len(asked) == 2
     assert addresses_and_ttl(b"\x00garbage") == ([], 0.0)
+
+
+def test_a_name_with_only_aaaa_gives_its_ipv6_addresses() -> None:
+    """The resolver answers an AAAA question for a name with no A record (an IPv6-only name):
+    its addresses are kept like A's, and decide() judges them (deny.ipv6 without an IPv6
+    uplink)."""
+    q = dns.message.make_query("v6only.example.net", "AAAA")
+    r = dns.message.make_response(q)
+    r.answer.append(dns.rrset.from_text("v6only.example.net.", 60, "IN", "AAAA", "2001:db8::10"))
+    found, ttl = addresses_and_ttl(r.to_wire())
+    assert found == [IPv6Address("2001:db8::10")] and ttl == 60.0
