@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,9 @@ class Sampler:
     """Samples system and per-process CPU every ``interval`` s, so any window can be judged."""
 
     pids: dict[str, int] = field(default_factory=dict)
+    # name -> (user, system) seconds of something that is not one process (srt's tree);
+    # replace the whole dict to add one while sampling
+    extra: dict[str, Callable[[], tuple[float, float]]] = field(default_factory=dict)
     interval: float = 0.05
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -100,6 +103,7 @@ class Sampler:
     def _take(self) -> None:
         busy, softirq, total = system_cpu()
         procs = {name: proc_cpu(pid) for name, pid in self.pids.items()}
+        procs.update({name: read() for name, read in self.extra.items()})
         self.samples.append(Sample(time.time(), busy, softirq, total, procs))
 
     def _run(self) -> None:
@@ -129,7 +133,7 @@ class Sampler:
             "system_busy_cores": (b.busy - a.busy) / share * ncpu,
             "softirq_cores": (b.softirq - a.softirq) / share * ncpu,
         }
-        for name in self.pids:
+        for name in [*self.pids, *self.extra]:
             (au, asys), (bu, bsys) = a.procs.get(name, (0.0, 0.0)), b.procs.get(name, (0.0, 0.0))
             # Never below zero: the clock-tick counters and the window's ends are both coarse.
             out[f"{name}_cores"] = max(0.0, (bu + bsys - au - asys) / wall)

@@ -15,6 +15,8 @@ events), in a sandbox or in the peer guest, each over its own veth to its next h
     (e) mitm-pass   peer guest → mitmproxy ``--ignore-hosts '.*'`` (CONNECT, raw relay)
     (f) mitm-intercept  peer guest → mitmproxy intercepting (its CA trusted; streaming bodies)
     (g) squid-tunnel  peer guest → squid CONNECT;  (h) squid-bump: squid ssl-bump
+    (i) srt         srt 0.0.83 (sandbox-runtime) started in the peer guest, the client inside
+                    its sandbox: curl → socat → srt's HTTP proxy (node) → CONNECT out
 
 Three measurements per path: 1 GiB with curl (median of 3), 2,000 small keep-alive requests on
 one connection (curl's per-transfer time, the first dropped: it carries the handshake; fewer,
@@ -30,6 +32,7 @@ Ratios are printed, never asserted: the tests judge, the bench reports.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -42,7 +45,7 @@ from bench import peer_proxies, tls_source
 from bench.common import Sampler, log, median, pct, stdout_to
 from bench.peer_proxies import Peers
 from bench.proxy_agents import Agent, Step, read_steps, words
-from bench.stack import BenchStack, bench_stack
+from bench.stack import UPSTREAM, BenchStack, bench_stack
 from bench.tls_source import ADDRESS, NAME
 from sandgate.session.runner import RunOptions, run_in
 
@@ -53,6 +56,7 @@ GOALS = {
     "pass_added_us": 40.0,
     "inspect_vs_mitm": 2.0,
     "inspect_added_share": 1 / 3,
+    "inspect_added_cpu_share": 1 / 2,  # CPU per GB above the kernel path's, vs mitmproxy's
     "sse_p99_ms": 5.0,
 }
 POLICY = f"""\
@@ -104,6 +108,11 @@ def paths(peers: Peers) -> list[PathSpec]:
             out.append(
                 PathSpec(key, label, "cl", ("-x", f"http://{proxy}"), ("--proxy", proxy), proc)
             )
+    if SRT.exists():
+        out.append(PathSpec("srt", "(i) srt (sandbox-runtime) HTTP proxy", "srt", (),
+                            ("--proxy-env",), "srt"))  # fmt: skip
+    else:
+        peers.missing["srt"] = f"{SRT} not installed (bench/wholerun.py says how)"
     return out
 
 
@@ -154,14 +163,18 @@ def _trust(p: PathSpec, ca: str | None) -> tuple[str, ...]:
     return ("--cacert", ca) if ca and p.side in PEER_SIDES else ()
 
 
-PEER_SIDES = ("cl", "wan")
-SIDE_UID = {"cl": 0, "wan": 0, "pass": 61000, "inspect": 61001}
+PEER_SIDES = ("cl", "wan", "srt")
+SIDE_UID = {"cl": 0, "wan": 0, "srt": 0, "pass": 61000, "inspect": 61001}
+SRT = Path("/opt/sandgate/bench-srt/node_modules/.bin/srt")
 
 
 def start_agent(bs: BenchStack, side: str, failures: list[str]) -> Agent:
     uid = SIDE_UID[side]
     agent = Agent.prepare(side, bs.base / f"proxy-{side}", uid)
     (agent.work / "sse_client.py").write_text(Path(__file__).with_name("sse_client.py").read_text())
+    if side == "srt":
+        agent.start_in_netns(bs.net, bs.client_ns, wrap=srt_wrap(bs, agent.work))
+        return agent
     if side in PEER_SIDES:
         agent.start_in_netns(bs.net, bs.client_ns if side == "cl" else bs.net.name("wan"))
         return agent
@@ -190,6 +203,80 @@ def start_agent(bs: BenchStack, side: str, failures: list[str]) -> Agent:
     assert opts.stop is not None
     agent.start_on_thread(session, opts.stop.set)
     return agent
+
+
+def srt_wrap(bs: BenchStack, work: Path) -> list[str]:
+    """srt in the peer guest, as a user runs it: its proxies in the namespace it starts in, the
+    agent inside its sandbox (allowed: the source's name; writable: the agent's folder). Names
+    resolve through the bench's fast upstream DNS, as the other proxies' do."""
+    settings = work / "srt-settings.json"
+    settings.write_text(json.dumps({
+        "network": {"allowedDomains": [NAME], "deniedDomains": []},
+        "filesystem": {"denyRead": [], "allowWrite": [str(work)], "denyWrite": []},
+    }))  # fmt: skip
+    resolv = work / "resolv.conf"
+    resolv.write_text(f"nameserver {UPSTREAM}\n")
+    # ip netns exec gives the child a mount namespace of its own: the bind stays there.
+    agent = f"exec bash {work}/agent.sh {work}"
+    return ["sh", "-c", 'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
+            str(SRT), "--settings", str(settings), "-c", agent]  # fmt: skip
+
+
+class TreeCPU:
+    """CPU of srt's own processes: node (its proxies) and the socat bridges it starts inside
+    the sandbox (each connection's socat is reaped by its listener, so it stays counted as the
+    listener's children's time). The agent and its curl are not counted here."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.known: list[int] = []
+        self.scanned = 0.0
+
+    def __call__(self) -> tuple[float, float]:
+        now = time.monotonic()
+        if now - self.scanned > 1.0:
+            self.scanned = now
+            self.known = _socats_below(self.root)
+        user, system = 0.0, 0.0
+        for pid in [self.root, *self.known]:
+            u, s, cu, cs = _cpu_with_children(pid)
+            user, system = user + u + cu, system + s + cs
+        return user, system
+
+
+def _cpu_with_children(pid: int) -> tuple[float, float, float, float]:
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0, 0.0, 0.0
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(f[11]) / tck, int(f[12]) / tck, int(f[13]) / tck, int(f[14]) / tck
+
+
+def _socats_below(root: int) -> list[int]:
+    parent: dict[int, int] = {}
+    comm: dict[int, str] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                raw = (d / "stat").read_text()
+            except OSError:
+                continue
+            head, tail = raw.rsplit(")", 1)
+            parent[int(d.name)] = int(tail.split()[1])
+            comm[int(d.name)] = head.split("(", 1)[1]
+    out = []
+    for pid, name in comm.items():
+        if name != "socat":
+            continue
+        p, hops = parent.get(pid, 0), 0
+        while p > 1 and p != root and hops < 64:
+            p, hops = parent.get(p, 0), hops + 1
+        # A connection's socat counts on its own while it runs (a zombie still shows its time)
+        # and in its listener's children's time once reaped: the sum never jumps.
+        if p == root:
+            out.append(pid)
+    return out
 
 
 # -- judging the steps ----------------------------------------------------------------------------
@@ -314,6 +401,10 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
     source = tls_source.start(bs)
     peers = peer_proxies.start(bs, source.ca_pem)
     specs = paths(peers)
+    # SANDGATE_BENCH_PATHS=kernel,sg-inspect,...: only those paths (to iterate on one of them).
+    only = [k for k in os.environ.get("SANDGATE_BENCH_PATHS", "").split(",") if k]
+    if only:
+        specs = [p for p in specs if p.key in only]
     pids = {"server": source.server.pid, "gateway": bs.stack.gateway.pid, **peers.pids}
     ca = str(peers.ca_bundle) if peers.ca_bundle else None
     agents: dict[str, Agent] = {}
@@ -323,6 +414,8 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
         try:
             for side in dict.fromkeys(p.side for p in specs):
                 agents[side] = start_agent(bs, side, failures)
+                if side == "srt":
+                    sampler.extra = {"srt": TreeCPU(agents[side].pid)}
             for r in range(plan.bulk):
                 log(f"proxy: 1 GiB, round {r + 1} of {plan.bulk}")
                 for p in specs:
@@ -423,6 +516,13 @@ def goals(r: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         target = GOALS["inspect_added_share"]
         note = f"+{added(key):.0f} vs +{added('mitm-intercept'):.0f} µs"
         goal(f"{key} added round trip vs mitmproxy's", x, f"<= {target:.2f}x", x <= target, "x",
+             note)  # fmt: skip
+        base = cpu("kernel")
+        x = ratio(cpu(key) - base, cpu("mitm-intercept") - base)  # the issue's "added CPU"
+        target = GOALS["inspect_added_cpu_share"]
+        mitm_added = cpu("mitm-intercept") - base
+        note = f"+{cpu(key) - base:.2f} vs +{mitm_added:.2f} s/GB over the kernel path"
+        goal(f"{key} added CPU per GB vs mitmproxy's", x, f"<= {target:.2f}x", x <= target, "x",
              note)  # fmt: skip
     for key in ("sg-kernel", "sg-connect", "sg-inspect", "sg-inspect-connect"):
         target = GOALS["sse_p99_ms"]

@@ -80,6 +80,7 @@ class Agent:
     side: str
     work: Path
     alive: Callable[[], bool] = field(default=lambda: False)
+    pid: int = 0  # the process started in a namespace (0: a sandbox session)
     finish: Callable[[], None] = field(default=lambda: None)
     _cmd: int = -1
     _done: int = -1
@@ -98,17 +99,20 @@ class Agent:
         agent._done = os.open(work / "done.fifo", os.O_RDWR | os.O_NONBLOCK)
         return agent
 
-    def start_in_netns(self, net: BenchNet, netns: str) -> None:
+    def start_in_netns(self, net: BenchNet, netns: str, wrap: list[str] | None = None) -> None:
+        """``wrap``: the agent runs inside this command (srt), which starts it itself."""
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        argv = wrap or ["bash", str(self.work / "agent.sh"), str(self.work)]
         with open(self.work / "agent.log", "wb") as log:
             proc = net.spawn_in(
                 netns,
-                ["bash", str(self.work / "agent.sh"), str(self.work)],
+                argv,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
         self.alive = lambda: proc.poll() is None
+        self.pid = proc.pid
 
         def finish() -> None:
             try:

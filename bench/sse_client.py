@@ -13,6 +13,7 @@ Standard library only: it runs inside sandboxes with the system's python3.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -20,7 +21,7 @@ import socket
 import ssl
 import sys
 import time
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 
 class _Direct(http.client.HTTPSConnection):
@@ -50,12 +51,17 @@ def main() -> None:
     ctx = ssl.create_default_context(cafile=args.cafile)
     ctx.set_alpn_protocols(["http/1.1"])
     conn: http.client.HTTPSConnection
-    if args.proxy_env:
-        args.proxy = urlsplit(os.environ["HTTPS_PROXY"]).netloc
+    auth: dict[str, str] = {}
+    if args.proxy_env:  # with its credentials, if it has any (srt's proxy wants them)
+        env = urlsplit(os.environ["HTTPS_PROXY"])
+        args.proxy = f"{env.hostname}:{env.port}"
+        if env.username is not None:
+            pair = f"{unquote(env.username)}:{unquote(env.password or '')}".encode()
+            auth["Proxy-Authorization"] = "Basic " + base64.b64encode(pair).decode()
     if args.proxy:
         host, _, port = args.proxy.rpartition(":")
         conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=30)
-        conn.set_tunnel(args.name, 443)
+        conn.set_tunnel(args.name, 443, headers=auth)
     elif args.address:
         conn = _Direct(args.name, args.address, ctx)
     else:

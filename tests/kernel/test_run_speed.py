@@ -3,12 +3,21 @@ while no commit reached the kernel still shows a change made from outside the ga
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 import subprocess
+import time
 
+from sandgate import cleanup
+from sandgate.events.store import home_of
+from sandgate.gateway import integrity
+from sandgate.net import ns
+from sandgate.sandbox.launch import Sandbox
 from sandgate.session.stack import Stack
 from sandgate.session.timings import Timings
 
-from .conftest import Runner
+from .conftest import Runner, conns
 
 
 def test_a_reused_snapshot_still_sees_a_foreign_change(stack: Stack) -> None:
@@ -16,7 +25,10 @@ def test_a_reused_snapshot_still_sees_a_foreign_change(stack: Stack) -> None:
     with stack.gateway.client() as ctl:
         first = ctl.call("snapshot")
         again = ctl.call("snapshot")  # no commit in between: the listing is reused
-        assert again == first and again["digest"] == again["expected"]
+        assert again.pop("reused")
+        first.pop("reused")
+        assert again == first
+        assert again["digest"] == again["expected"]
         assert not any("192.0.2.77" in line for line in first["ruleset"])
         subprocess.run(
             ["nsenter", ns, "nft", "insert", "rule", "inet", "sandgate", "forward",
@@ -48,3 +60,76 @@ def test_timings_cover_the_run_and_the_gateway_steps(sandbox: Runner) -> None:
     # Correctness, not speed: the table names every phase and sums them.
     text = "\n".join(clock.lines())
     assert "sandbox exec" in text and text.splitlines()[-1].startswith("total")
+
+
+def test_a_join_lists_the_rules_ahead_and_the_listing_is_true(stack: Stack) -> None:
+    """After add_guest the gateway lists its rules before it is asked (the runner's drift
+    snapshot comes next): that listing holds the new guest's rules and equals a fresh one."""
+    box = Sandbox.create(f"prewarm-{secrets.token_hex(3)}", stack.instance, None, 61000)
+    cleanup.own(box.netns)
+    try:
+        with stack.gateway.client() as ctl:
+            guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
+            try:
+                # Made beside the link, there when the join returns: the guest's uid log.
+                uid_table = subprocess.run(
+                    ["nsenter", f"--net={ns.path(box.netns)}", "nft", "list", "table", "inet",
+                     "sandgate"],
+                    capture_output=True, text=True, check=True,
+                ).stdout  # fmt: skip
+                assert "hook output" in uid_table and "sg:uid" in uid_table, uid_table
+                time.sleep(0.3)  # the listing runs on the gateway's loop right after the reply
+                early = ctl.call("snapshot")  # nothing runs in the guest: no commit since
+                assert early["reused"], "the join's listing was not there for the snapshot"
+                assert any(guest["guest"] in line for line in early["ruleset"])
+                # The rules as they are now, listed from outside (no commit: the state of
+                # the gateway's own bookkeeping stays as it is for the tests after this one).
+                listing = subprocess.run(
+                    ["nsenter", f"--net=/proc/{stack.gateway.pid}/ns/net", "nft", "-j", "list",
+                     "ruleset"],
+                    capture_output=True, text=True, check=True,
+                ).stdout  # fmt: skip
+                fresh = integrity.ruleset_lines(json.loads(listing)["nftables"])
+                assert fresh == early["ruleset"]
+                assert early["digest"] == early["expected"]
+            finally:
+                ctl.call("remove_guest", guest=guest["guest"])
+    finally:
+        box.destroy()
+        cleanup.disown(box.netns)
+
+
+def test_counters_read_inside_the_settle_count_every_attempt(sandbox: Runner) -> None:
+    """remove_guest reads a quiet guest's counters before the log settle, not after it: they
+    must still hold every flow the session started, as its logged events do."""
+    script = (
+        "import socket\n"
+        "for _ in range(3):\n"
+        "    c = socket.socket(); c.settimeout(0.3)\n"
+        "    try: c.connect(('10.77.0.20', 22))\n"
+        "    except OSError: pass\n"
+        "    c.close()\n"
+    )
+    r = sandbox("python3", "-c", script, mode="open")
+    assert r.exit_code == 0, r.message
+    tripwire = [c for c in r.report.counters.values() if c["verdict"] != "allow"]
+    logged = [e for e in conns(sandbox.events(r), "10.77.0.20", 22) if e.verdict != "allow"]
+    assert len(logged) == 3, logged
+    assert sum(int(c["packets"]) for c in tripwire) == 3, r.report.counters
+
+
+def test_retention_runs_beside_the_command_and_is_done_when_the_run_returns(
+    sandbox: Runner,
+) -> None:
+    """Older sessions' files are pruned while the command runs (not after it): the run still
+    returns only once that is done, and never touches its own folder."""
+    sessions = home_of(str(sandbox.store_path)) / "sessions"
+    old = sessions / "20000101-000000-0ld0"
+    (old / "deep").mkdir(parents=True)
+    (old / "deep" / "output.log").write_text("from long ago\n")
+    for path in (old / "deep" / "output.log", old / "deep", old):
+        os.utime(path, (0, 0))  # 1970: older than any SANDGATE_KEEP_DAYS
+    r = sandbox("true")
+    assert r.exit_code == 0, r.message
+    assert not old.exists()
+    assert (sessions / r.session).is_dir()

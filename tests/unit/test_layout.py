@@ -33,7 +33,7 @@ EXPORTS = {
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],
     "sandgate.gateway.proxy": [
         "ca", "chunked", "credentials", "firstflight", "flow", "http1", "httphead", "relay",
-        "server", "sni", "tls", "tlsgate",
+        "lookup", "server", "sni", "splice", "tls", "tlsgate", "tlsio",
     ],
     "sandgate.net": [
         "compile", "iphead", "iptables", "links", "netlink", "nflog", "nfqueue", "nft", "ns",

@@ -144,3 +144,35 @@ def test_a_shorter_answer_does_not_shorten_a_shared_pin() -> None:
     assert second >= 3599, asked  # not 60: that would cut api.github.com's pin short
     answer("pypi.org", 60, ADDRESS["pypi.org"])  # set a1 too, another address: its own TTL
     assert asked[-1][1] == 60, asked
+
+
+def test_in_one_burst_the_longer_pin_is_written_last() -> None:
+    """Answers of one loop pass share one pin write each (the resolver's burst): where two put
+    one address into one set, the longer TTL is written last, so the kernel keeps it."""
+    import asyncio
+
+    from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _Entry
+    from sandgate.policy.decide import Reason, allow
+
+    written: list[tuple[int, tuple[str, ...]]] = []
+
+    def pin(dns: object, addresses: tuple[str, ...], ttl: int, tags: Any, insp: bool) -> int:
+        written.append((ttl, tuple(tags)))
+        return ttl
+
+    resolver = Resolver([], lambda key, event: None, pin)
+    guest = GuestDNS(LINK, None, PROFILE, "p")
+    address = ADDRESS["api.github.com"]
+
+    def answer(name: str, ttl: int) -> None:
+        tags = tuple(p.tag for p in pin_rules(PROFILE, name))
+        entry = _Entry(b"\0" * 12, 0.0, name, "A", allow(Reason.ANSWER), 0, (address,), ttl, tags)
+        resolver._ensure_pinned(guest, entry)
+
+    async def burst() -> None:
+        answer("api.github.com", 3600)
+        answer("gist.github.com", 60)  # same address, shared sets a0 and a1
+        await asyncio.sleep(0.01)
+
+    asyncio.run(burst())
+    assert [ttl for ttl, _ in written] == [60, 3600], written

@@ -36,6 +36,7 @@ from sandgate.gateway.handed import handed_links, own_listeners
 from sandgate.gateway.lifecycle import NFLOG_SETTLE, Lifecycle
 from sandgate.gateway.logfeed import LogFeed, inferred
 from sandgate.gateway.logs.logreader import proto_name
+from sandgate.gateway.proxy.lookup import Lookups
 from sandgate.gateway.proxy.server import Proxy
 from sandgate.gateway.proxy.tlsgate import GateReader
 from sandgate.gateway.selfcheck import SelfCheck, inject_fault
@@ -71,8 +72,9 @@ class Gateway:
         )
         self.feed = LogFeed(self.sink, self.sites, self.table)
         self.resolver = Resolver(list(cfg.upstream_dns), self.sink.flow, self._pin)
+        self.sink.attributor.before.append(self.resolver.flush_log)  # its folded repeats
         self.proxy = Proxy(
-            self.resolver.addresses_blocking,
+            Lookups(self.resolver.answer_blocking),  # kept for the answer's TTL
             self.sink.from_thread,
             extra_ca=[Path(p) for p in cfg.extra_ca],
         )
@@ -271,7 +273,7 @@ class Gateway:
             self.sink.attributor.tick(time.monotonic())
             if self.gate is not None:
                 self.gate.expire()
-            self.sink.flush()
+            self.sink.flush(wait=False)  # stored off the loop (sink.py)
 
     # -- what the resolver and the proxy are handed ----------------------------------------------
 

@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from sandgate.events.schema import Event, FlowKey, Kind, category_of
 from sandgate.events.store import Store
@@ -43,6 +44,9 @@ class EventSink:
         self.tally: dict[tuple[str, str | None, str | None, str | None], int] = {}
         self.attributor = Attributor(self.emit, infer)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # One writer, so batches are stored (and hash-chained) in the order they were handed.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandgate-store")
+        self._stored: Future[None] | None = None  # the last batch handed to the writer
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop that events from other threads (the proxy's) are handed to."""
@@ -78,14 +82,22 @@ class EventSink:
     def notice(self, **details: object) -> None:
         self.emit(Event(kind=Kind.NOTICE, details=dict(details)))
 
-    def flush(self) -> None:
-        if not self.pending:
-            return
+    def flush(self, *, wait: bool = True) -> None:
+        """Store what is pending, in order, on the store's one writer thread. ``wait=False``
+        (the ticker's) returns at once, so the event loop (the resolver's answers) does not
+        wait out SQLite's commit, a WAL checkpoint's fsync or a large batch's hashing; the
+        default returns once everything handed over before is stored."""
         events, self.pending = self.pending, []
         tally = self.tally
         for e in events:
             key = (e.kind.value, e.verdict, e.reason, e.category)
             tally[key] = tally.get(key, 0) + e.count
+        if events:
+            self._stored = self._writer.submit(self._add, events)
+        if wait and self._stored is not None:
+            self._stored.result()
+
+    def _add(self, events: list[Event]) -> None:
         try:
             self.store.add(events)
         except Exception:  # the store must never take the gateway down

@@ -58,14 +58,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from sandgate.errors import NetError, SetupError
 from sandgate.net.nfqueue import QueuedPacket
+from sandgate.net.nft import CommitMonitor
 
 __all__ = [
     "DECIDED",
@@ -233,8 +237,56 @@ def hold_text(queue_num: int) -> str:
 
 def install_hold(queue_num: int) -> None:
     """Replace this namespace's ``ip mangle`` table with the process hold (call it inside the
-    guest's namespace: on an NsThread)."""
-    _restore(hold_text(queue_num))
+    guest's namespace: on an NsThread). Returns once the kernel has committed it, not when
+    the restore has exited (``_restore_committed``)."""
+    _restore_committed(hold_text(queue_num))
+
+
+def _restore_committed(text: str) -> None:
+    """``_restore``, returning as soon as the kernel has committed the child's transaction: its
+    commit notification names the child's pid. The child's exit comes 4-25 ms later (closing
+    its netlink socket waits out an RCU grace period; 2026-12-01, a guest's hold), and is
+    reaped on a thread of its own. Where the notification cannot be matched (lost, or a pid
+    namespace that names the child otherwise) the exit is waited for, as ``_restore`` does."""
+    _check_not_host()
+    if shutil.which(RESTORE) is None:
+        raise SetupError(f"{RESTORE} not found", "apt-get install iptables")
+    monitor = CommitMonitor()  # in this thread's namespace, before the child commits
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        child = subprocess.Popen(
+            [RESTORE], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        assert child.stdin is not None and child.stderr is not None
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.write(text.encode())
+            child.stdin.close()
+        deadline = time.monotonic() + 30
+        while not any(c.pid == child.pid for c in monitor.read()):
+            if child.poll() is not None:
+                err = child.stderr.read().decode(errors="replace").strip()
+                if child.returncode != 0:
+                    raise NetError(f"{RESTORE} failed: {err}")
+                return
+            if time.monotonic() > deadline:
+                child.kill()
+                child.wait()
+                raise NetError(f"{RESTORE} did not finish in 30 s")
+            select.select([monitor.fileno()], [], [], 0.05)
+    finally:
+        # Closing the monitor (a socket in a multicast group) waits out a grace period too
+        # (9-16 ms): on the reaping thread, with the child's exit.
+        threading.Thread(
+            target=_reap, args=(child, monitor), name="restore-reap", daemon=True
+        ).start()
+
+
+def _reap(child: subprocess.Popen[bytes] | None, monitor: CommitMonitor) -> None:
+    monitor.close()
+    if child is not None and child.stderr is not None:
+        child.stderr.read()
+        child.stderr.close()
+        child.wait()
 
 
 def install(gate: TlsGate, allow_host: bool = False) -> None:

@@ -15,11 +15,12 @@ Only namespaces named ``sg-…``/``sandgate…`` may be created or removed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import os
 import socket
 import struct
-import subprocess
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -34,6 +35,7 @@ T = TypeVar("T")
 NETNS_DIR = Path("/run/netns")
 OUR_PREFIXES = ("sg-", "sandgate")
 CLONE_NEWNET = 0x40000000
+MS_BIND, MS_REC, MS_SHARED, MNT_DETACH = 0x1000, 0x4000, 0x100000, 2
 SO_NETNS_COOKIE = 71  # Linux >= 5.14
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -59,29 +61,77 @@ def exists(name: str) -> bool:
 
 
 def create(name: str) -> None:
-    """Create a named namespace (bind-mounted under /run/netns like ``ip netns add``)."""
+    """Create a named namespace, bind-mounted under /run/netns as ``ip netns add`` does
+    (iproute2's netns.c), without its fork and exec: a thread of ours unshares and the new
+    namespace is bind-mounted from /proc/thread-self (6.9 → ~1 ms of a session's start-up,
+    2026-12-01). Not pyroute2's netns helpers: those fork children that, when a send fails in
+    the child, run on as a copy of the parent and SIGTERM its process group."""
     check_ours(name)
     if exists(name):
         raise NetError(f"namespace {name} already exists", "run `sandgate cleanup`")
-    _ip_netns("add", name)
+    _shared_run_dir()
+    target = NETNS_DIR / name
+    try:
+        os.close(os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0))
+    except FileExistsError as exc:
+        raise NetError(f"namespace {name} already exists", "run `sandgate cleanup`") from exc
+    except OSError as exc:
+        raise NetError(f"cannot create {target}: {exc.strerror}") from exc
+    failed: list[str] = []
+
+    def make() -> None:  # on a thread that ends in the new namespace: nothing else runs there
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            failed.append(f"unshare: {os.strerror(ctypes.get_errno())}")
+        elif _mount(b"/proc/thread-self/ns/net", bytes(target), MS_BIND) != 0:
+            failed.append(f"bind mount: {os.strerror(ctypes.get_errno())}")
+
+    worker = threading.Thread(target=make, name=f"netns-add-{name}")
+    worker.start()
+    worker.join()
+    if failed:
+        with contextlib.suppress(OSError):
+            target.unlink()
+        raise NetError(f"cannot create namespace {name}: {failed[0]}", "run as root")
 
 
 def remove(name: str) -> None:
-    """Remove a namespace; the kernel deletes the links in it. Missing is not an error."""
+    """Remove a namespace; the kernel deletes the links in it once nothing holds it (a
+    process, an open handle). Missing is not an error. As ``ip netns delete``: a lazy unmount
+    of its bind mount, then the file."""
     check_ours(name)
     if not exists(name):
         return
-    _ip_netns("delete", name)
+    target = NETNS_DIR / name
+    if _libc.umount2(bytes(target), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err != errno.EINVAL:  # EINVAL: not mounted (a half-made one): the file still goes
+            raise NetError(f"cannot remove namespace {name}: umount: {os.strerror(err)}")
+    try:
+        target.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise NetError(f"cannot remove namespace {name}: {exc.strerror}") from exc
 
 
-def _ip_netns(action: str, name: str) -> None:
-    # iproute2 rather than pyroute2's netns helpers: those fork children that, when a send
-    # fails in the child, run on as a copy of the parent and SIGTERM its process group.
-    done = subprocess.run(
-        ["ip", "netns", action, name], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise NetError(f"ip netns {action} {name} failed: {done.stderr.strip()}")
+def _mount(source: bytes, target: bytes, flags: int) -> int:
+    return int(_libc.mount(source, target, b"none", ctypes.c_ulong(flags), None))
+
+
+def _shared_run_dir() -> None:
+    """/run/netns a shared mount point, as iproute2 makes it: a namespace mounted there later
+    shows in every mount namespace that copied it (a sandbox's bwrap among them)."""
+    NETNS_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+    run_dir = bytes(NETNS_DIR)
+    if _mount(b"", run_dir, MS_SHARED | MS_REC) == 0:
+        return
+    if ctypes.get_errno() != errno.EINVAL:  # EINVAL: not a mount point yet
+        raise NetError(f"cannot make {NETNS_DIR} shared: {os.strerror(ctypes.get_errno())}")
+    if (
+        _mount(run_dir, run_dir, MS_BIND | MS_REC) != 0
+        or _mount(b"", run_dir, MS_SHARED | MS_REC) != 0
+    ):
+        raise NetError(f"cannot mount {NETNS_DIR}: {os.strerror(ctypes.get_errno())}")
 
 
 def list_ours() -> list[str]:

@@ -19,7 +19,7 @@ from sandgate.policy.model import Mode
 from sandgate.policy.reach import decide_reach
 from sandgate.sandbox.bwrap import SANDBOX_WORK
 from sandgate.sandbox.tree import Entry
-from sandgate.session.claims import Evidence, FileFact, Finding, check_claims
+from sandgate.session.claims import Evidence, FileFact, Finding
 
 HEAD = 4096
 # host, the addresses the session's DNS answers gave it -> allow reason key, or None
@@ -62,6 +62,10 @@ def findings(
     model_hosts: Iterable[str],
     reachable: Reach | None = None,
 ) -> list[dict[str, Any]]:
+    if not answer.strip():
+        return []  # no claim in an empty answer: the reader is not even loaded
+    from sandgate.session.claims import check_claims
+
     evidence = Evidence(
         events=events, files=files, model_hosts=tuple(model_hosts), reachable=reachable
     )

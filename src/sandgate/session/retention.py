@@ -2,9 +2,9 @@
 
 Two limits, both from the environment: ``SANDGATE_KEEP_DAYS`` (default 30: sessions older than
 that go) and ``SANDGATE_KEEP_MB`` (default 2048: the oldest go until the rest fit); 0 turns a
-limit off. Applied after every session (session/runner.py) and by ``sandgate cleanup
---sessions``. A session that is running is never removed, whatever its age or size: its runner
-is alive (cleanup's owner record ``mount-<id>``) or its disk is still mounted.
+limit off. Applied during every session, while its command runs (session/runner.py), and by
+``sandgate cleanup --sessions``. A session that is running is never removed, whatever its age
+or size: its runner is alive (cleanup's owner record ``mount-<id>``) or its disk is still mounted.
 
 ``plan`` is pure (what to remove, given the sessions and the limits); ``apply`` reads the
 folder and removes.

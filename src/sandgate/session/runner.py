@@ -155,6 +155,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     cgroup: limits.Cgroup | None = None
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
+    retain: threading.Thread | None = None
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
     if opts.vm is not None:
         from sandgate.vm import launch as vm_launch
@@ -195,6 +196,10 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         keep.mkdir(parents=True, exist_ok=True)
         t_row.end()
         started_at = time.time()
+        # Retention of older sessions' files meanwhile: the main thread only waits for the
+        # sandbox now, and this session's own folder is never a candidate (issue 13).
+        retain = threading.Thread(target=_retain, args=(opts.store, sid), name="retention")
+        retain.start()
         t_exec = t.begin("sandbox exec")
         try:
             if vm is not None and opts.vm is not None:
@@ -309,7 +314,10 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     if opts.notify:
         notify(opts.notify, {"event": "session-end", **report_summary(report)})
     with t.phase("retention"):
-        _retain(opts.store, sid)
+        if retain is not None:
+            retain.join()
+        else:  # the command never started
+            _retain(opts.store, sid)
     return RunResult(sid, exit_code, report, message)
 
 
@@ -323,6 +331,8 @@ def _claims(
     facts: Any,
 ) -> dict[str, Any]:
     """The claim check's findings (``claims``), or why it failed (``claims_error``)."""
+    if not answer.strip():
+        return {"claims": []}  # an empty answer claims nothing (evidence.findings agrees)
     try:
         reach = evidence.reach_by_policy(
             _policy_of(stack, opts),
@@ -348,8 +358,8 @@ def _model_use(logs: dict[str, Path], start: float, end: float) -> dict[str, Any
 
 
 def _retain(store: str | None, sid: str) -> None:
-    """Retention of kept session files (session/retention.py), after each session; a problem
-    is said on stderr and never changes the session's outcome."""
+    """Retention of kept session files (session/retention.py), while each session's command
+    runs; a problem is said on stderr and never changes the session's outcome."""
     from sandgate.session import retention
 
     try:

@@ -67,6 +67,16 @@ class Question:
         return self.parsed if self.parsed is not None else dns.message.from_wire(self.wire)
 
     @property
+    def has_edns(self) -> bool:
+        """The query carried an OPT record (an answer may then carry one too)."""
+        return self.edns if self.qname_wire is not None else self.message.edns >= 0
+
+    @property
+    def name_end(self) -> int:
+        """Where the question's name ends in ``wire`` (``qname_end``; 0 if compressed)."""
+        return self.question_end - 4 if self.qname_wire is not None else qname_end(self.wire)
+
+    @property
     def type_text(self) -> str:
         return dns.rdatatype.to_text(self.qtype)  # type: ignore[arg-type]
 
@@ -190,8 +200,18 @@ def judge_answer(
     ``check6`` (given where the gateway's uplink has IPv6) to every AAAA record; without it
     AAAA records are removed unseen, whatever was asked."""
     fast = _fast_answer(upstream)  # A, CNAME and SOA only: an AAAA record takes the long path
+    if fast is not None and fast[4][1] and not q.has_edns:
+        # RFC 6891 7: no OPT record in the answer to a query that had none. Cut out where it
+        # is the last record; elsewhere a later name may point at another past it (pointers
+        # would move), and dnspython writes the answer anew.
+        opt_start, opt_end = fast[4]
+        if opt_end == len(upstream):
+            arcount = int.from_bytes(upstream[10:12], "big") - 1
+            upstream = upstream[:10] + arcount.to_bytes(2, "big") + upstream[12:opt_start]
+        else:
+            fast = None
     if fast is not None:
-        raw_addresses, fast_ttl, fast_rcode, fast_aliases = fast
+        raw_addresses, fast_ttl, fast_rcode, fast_aliases, _ = fast
         shown: list[str] = []
         for raw in raw_addresses:
             address = ipaddress.IPv4Address(raw)
@@ -200,8 +220,9 @@ def judge_answer(
                 wire = blocked(q, refused, code=EDE_FILTERED)
                 return Answer(wire, (), 0, dns.rcode.NXDOMAIN, refused, str(address))
             shown.append(str(address))
-        # The answer as it came, under the guest's id: the reader checked every byte of it.
-        reply = q.id.to_bytes(2, "big") + upstream[2:]
+        # The answer as it came, under the guest's id and spelling of the name: the reader
+        # checked every byte of it.
+        reply = with_question(upstream, q.wire, q.name_end)
         return Answer(reply, tuple(shown), fast_ttl, fast_rcode, aliases=fast_aliases)
     try:
         resp = dns.message.from_wire(upstream)
@@ -234,9 +255,11 @@ def judge_answer(
     if check6 is None and (q.qtype == AAAA or any(r.rdtype == AAAA for r in resp.answer)):
         resp.answer = [r for r in resp.answer if r.rdtype != AAAA]
     ttl = 0 if ttl == 2**31 else ttl
-    return Answer(
-        resp.to_wire(), tuple(addresses), ttl, resp.rcode(), aliases=tuple(sorted(aliases))
-    )
+    rcode = resp.rcode()  # as the upstream said it (with an OPT's extended bits)
+    if not q.has_edns:
+        resp.use_edns(False)  # RFC 6891 7: no OPT record for a query that had none
+    reply = with_question(resp.to_wire(), q.wire, q.name_end)
+    return Answer(reply, tuple(addresses), ttl, rcode, aliases=tuple(sorted(aliases)))
 
 
 def _text(name: dns.name.Name) -> str:
@@ -261,13 +284,79 @@ def query_for_upstream(q: Question, new_id: int) -> bytes:
     return msg.to_wire()
 
 
-def cache_key(wire: bytes) -> bytes:
-    """Everything but the id: two queries with the same key get the same answer."""
-    return wire[2:]
+def cache_key(wire: bytes) -> bytes | None:
+    """Everything but the id, with the name's letters lower-cased: two queries with the same
+    key ask the same question (None: no name ending in the bytes, not worth a lookup).
+
+    The name is taken to end at the first zero byte, so no walk over labels is needed. That is
+    sound for any bytes: ``lower()`` leaves zero bytes and bytes below 64 (every label length)
+    as they are, so two wires with the same key have their first zero at the same place, the
+    same bytes after it and the same label lengths before it, and differ at most in the case of
+    letters inside labels, which DNS names do not tell apart (RFC 4343)."""
+    end = wire.find(0, 12)
+    if end < 0:
+        return None
+    return wire[2:12] + wire[12:end].lower() + wire[end:]
 
 
-def with_id(wire: bytes, qid: bytes) -> bytes:
-    return qid + wire[2:]
+def qname_end(wire: bytes) -> int:
+    """Where the question's name ends (after its zero label) when it is written out in full
+    from offset 12, as a query's is; 0 when it is compressed or runs past the end."""
+    pos, size = 12, len(wire)
+    while pos < size:
+        n = wire[pos]
+        if n == 0:
+            return pos + 1
+        if n > 63:
+            return 0
+        pos += 1 + n
+    return 0
+
+
+def with_question(answer: bytes, query: bytes, end: int) -> bytes:
+    """``answer`` under ``query``'s id and with the question's name spelt as the query spelt
+    it (resolvers echo the case, and clients using 0x20 randomisation check it), where the
+    answer's question is that name in full up to ``end`` (``qname_end``); else only the id."""
+    if end > 12 and len(answer) >= end and answer[12:end].lower() == query[12:end].lower():
+        return query[:2] + answer[2:12] + query[12:end] + answer[end:]
+    return query[:2] + answer[2:]
+
+
+def ttl_fields(wire: bytes) -> tuple[tuple[int, int], ...] | None:
+    """(offset, TTL) of every record's TTL field but OPT's (whose "TTL" holds flags), for
+    ageing a cached answer; None when the message cannot be walked (it is then not aged)."""
+    size = len(wire)
+    if size < 12:
+        return None
+    _qid, _flags, qd, an, ns, ar = _HEADER.unpack_from(wire)
+    pos = 12
+    for _ in range(qd):
+        got = _read_name(wire, pos, size)
+        if got is None or got[1] + 4 > size:
+            return None
+        pos = got[1] + 4
+    out: list[tuple[int, int]] = []
+    for _ in range(an + ns + ar):
+        got = _read_name(wire, pos, size)
+        if got is None or got[1] + 10 > size:
+            return None
+        pos = got[1]
+        rtype, _rclass, ttl, rdlen = _RR.unpack_from(wire, pos)
+        if rtype != T_OPT:
+            out.append((pos + 4, ttl))
+        pos += 10 + rdlen
+        if pos > size:
+            return None
+    return tuple(out) if pos == size else None
+
+
+def aged(wire: bytes, fields: tuple[tuple[int, int], ...], seconds: int) -> bytes:
+    """``wire`` with each TTL of ``fields`` lowered by ``seconds`` (not below 0), as a cache
+    hands out an answer it has held that long (RFC 1035 7.4)."""
+    out = bytearray(wire)
+    for offset, ttl in fields:
+        _TTL.pack_into(out, offset, max(0, min(ttl, 0x7FFFFFFF) - seconds))
+    return bytes(out)
 
 
 # -- fast readers for the common shapes (see the module docstring) -----------------------------
@@ -275,6 +364,7 @@ def with_id(wire: bytes, qid: bytes) -> bytes:
 _HEADER = struct.Struct("!HHHHHH")
 _QTAIL = struct.Struct("!HH")
 _RR = struct.Struct("!HHIH")
+_TTL = struct.Struct("!I")
 _OPT_1232 = b"\x00" + _RR.pack(41, 1232, 0, 0)  # dnspython's default EDNS payload
 _OPT_8192 = b"\x00" + _RR.pack(41, 8192, 0, 0)  # what make_response advertises
 # Label bytes the fast reader accepts: those dnspython prints without escaping, so the name's
@@ -386,11 +476,11 @@ def _plain_text(name: bytes) -> str | None:
 
 def _fast_answer(
     wire: bytes,
-) -> tuple[list[bytes], int, int, tuple[tuple[str, str], ...]] | None:
+) -> tuple[list[bytes], int, int, tuple[tuple[str, str], ...], tuple[int, int]] | None:
     """A plain upstream answer: (A addresses in dnspython's order, smallest A TTL, rcode, the
-    answer's aliases as ``Answer.aliases``), or None unless every record is IN A/CNAME/SOA (and
-    one option-less OPT), every name in a CNAME of the answer needs no escapes, and every byte
-    is accounted for."""
+    answer's aliases as ``Answer.aliases``, where its OPT record starts and ends, (0, 0) if it
+    has none), or None unless every record is IN A/CNAME/SOA (and one option-less OPT), every
+    name in a CNAME of the answer needs no escapes, and every byte is accounted for."""
     size = len(wire)
     if size < 12:
         return None
@@ -409,8 +499,10 @@ def _fast_answer(
     ext_rcode = 0
     seen_opt = False
     aliases: set[tuple[str, str]] = set()
+    opt = (0, 0)
     for section, count in ((1, an), (2, ns), (3, ar)):
         for _ in range(count):
+            start = pos
             got = _read_name(wire, pos, size)
             if got is None or got[1] + 10 > size:
                 return None
@@ -425,6 +517,7 @@ def _fast_answer(
                     return None
                 seen_opt = True
                 ext_rcode = ttl >> 24
+                opt = (start, rend)
             elif rclass != CLASS_IN:
                 return None
             elif rtype == T_A:
@@ -463,7 +556,7 @@ def _fast_answer(
         return None
     addresses = [a for rdatas, _ in groups.values() for a in rdatas]
     ttl_min = min((min(ttls) for _, ttls in groups.values()), default=0)
-    return addresses, ttl_min, (flags & 0xF) | (ext_rcode << 4), tuple(sorted(aliases))
+    return addresses, ttl_min, (flags & 0xF) | (ext_rcode << 4), tuple(sorted(aliases)), opt
 
 
 def address_query(name: str, qid: int, qtype: dns.rdatatype.RdataType = A) -> bytes:

@@ -15,6 +15,8 @@ Pure apart from the ``emit``/``infer`` callbacks; time is passed in, so tests dr
 from __future__ import annotations
 
 import dataclasses
+import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,6 +53,9 @@ class Attributor:
         self._pending: dict[tuple[FlowKey, str | None, str | None], _Pending] = {}
         self.attributed = 0
         self.unattributed = 0
+        # Called first by tick() and flush(): producers that fold repeats (the resolver's
+        # cached answers) submit what they counted, so it is attributed and stored with the rest.
+        self.before: list[Callable[[], None]] = []
 
     @property
     def waiting(self) -> int:
@@ -88,6 +93,7 @@ class Attributor:
 
     def tick(self, now: float) -> None:
         """Emit what waited too long (without a uid) and forget old senders."""
+        self._before()
         for pkey, held in list(self._pending.items()):
             if held.due <= now:
                 del self._pending[pkey]
@@ -105,6 +111,7 @@ class Attributor:
 
     def flush(self, guest: str, now: float) -> None:
         """Emit everything held for ``guest`` now (the guest is leaving)."""
+        self._before()
         for pkey, held in list(self._pending.items()):
             if pkey[0][0] == guest:
                 del self._pending[pkey]
@@ -118,6 +125,13 @@ class Attributor:
                         self._count(sender.uid)
                         self._emit(_with(inferred, sender))
                 del self._senders[key]
+
+    def _before(self) -> None:
+        for hook in self.before:
+            try:
+                hook()
+            except Exception:  # a producer's bug must not stop the rounds (nor the ticker)
+                traceback.print_exc(file=sys.stderr)
 
     def _release(self, pkey: tuple[FlowKey, str | None, str | None], uid: int | None) -> None:
         held = self._pending.pop(pkey)

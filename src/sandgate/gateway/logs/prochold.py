@@ -86,6 +86,7 @@ class ProcessHold:
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # stop() wakes the worker at once
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()  # the worker reports nothing more
         self._queue: NfqueueSocket | None = None
         self._finder: ProcessFinder | None = None
 
@@ -112,7 +113,9 @@ class ProcessHold:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            # Not join(): the worker closes its queue socket after its loop, and that close
+            # waits out an RCU grace period (~10 ms) no caller needs to wait for (issue 13).
+            self._done.wait(timeout=5)
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -130,6 +133,7 @@ class ProcessHold:
                 for pkt in queue.read():
                     self._one(queue, finder, pkt)
         finally:
+            self._done.set()
             finder.close()
             queue.close()
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import h11
 
 from sandgate.errors import PeerProtocolError
-from sandgate.gateway.proxy import httphead
+from sandgate.gateway.proxy import httphead, splice
 from sandgate.gateway.proxy.chunked import ChunkedCheck
 from sandgate.gateway.proxy.credentials import (
     BodyScanner,
@@ -34,15 +34,23 @@ from sandgate.gateway.proxy.credentials import (
     same_lengths,
 )
 from sandgate.gateway.proxy.flow import Emit, Judged, ProxyGuest, Record, Resolve, judge
+from sandgate.gateway.proxy.tlsio import Stream, TlsStream
 from sandgate.policy.decide import Attempt, Reason, decide, deny
 from sandgate.policy.model import Protocol
 from sandgate.policy.requests import names_agree, placeholder_sent
 
 MAX_HEAD = 64 * 1024
-RECV = 64 * 1024
+# Bytes asked of a peer per read. From a TLS peer, large: it decrypts every record it holds in
+# one call (tlsio.py), so a bulk body costs h11 and us one pass per read, not one per 16 KiB
+# record. From a plain socket, what the kernel usually holds (its bulk bodies are spliced).
+RECV = 1 << 20
+RECV_PLAIN = 64 * 1024
 # How much of a chunked request body is read and checked before the upstream is dialled.
 AHEAD_BYTES = 256 * 1024
 AHEAD_SECONDS = 1.0
+# A Content-Length response body at least this long bypasses h11 (_direct_body): spliced in the
+# kernel where nothing needs to read it (splice.py), else moved in large pieces.
+DIRECT_MIN = 64 * 1024
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -56,7 +64,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-Dial = Callable[[str, int, "str | None"], socket.socket]  # address, port, TLS server name
+Dial = Callable[[str, int, "str | None"], Stream]  # address, port, TLS server name
 
 
 @dataclass
@@ -77,19 +85,24 @@ class Ctx:
 class _Peer:
     """A socket and its h11 state, with a tolerant reader."""
 
-    def __init__(self, sock: socket.socket, role: type[h11.CLIENT] | type[h11.SERVER]) -> None:
+    def __init__(self, sock: Stream, role: type[h11.CLIENT] | type[h11.SERVER]) -> None:
         self.sock = sock
         self.h = h11.Connection(role, max_incomplete_event_size=MAX_HEAD)
         self.raw_head = bytearray()  # bytes received before the current event completed
         self.body_check: ChunkedCheck | None = None
+        self.out: list[bytes] = []  # written by send(..., hold=True), sent by flush()
 
-    def next_event(self) -> Any:
+    def next_event(self, flush: _Peer | None = None) -> Any:
+        """The next h11 event; before waiting for bytes, ``flush`` is flushed (what was
+        held for it is all there is until this peer speaks again)."""
         while True:
             event = self.h.next_event()
             if event is not h11.NEED_DATA:
                 return event
+            if flush is not None:
+                flush.flush()
             try:
-                data = self.sock.recv(RECV)
+                data = self.sock.recv(_chunk(self.sock))
             except (TimeoutError, ssl.SSLError, OSError):
                 data = b""
             self.take(data)
@@ -109,11 +122,36 @@ class _Peer:
         self.body_check = ChunkedCheck()
         self.body_check.feed(bytes(self.h._receive_buffer))  # h11 is pinned (see serve)
 
-    def send(self, event: h11.Event) -> int:
+    def send(self, event: h11.Event, hold: bool = False) -> int:
+        """Send an event; with ``hold``, keep its bytes for the next flush() (a response's head,
+        body and end in one TLS record and one system call)."""
         data = self.h.send(event)
         if data:
-            self.sock.sendall(data)
+            self.out.append(data)
+        if not hold:
+            self.flush()
         return len(data or b"")
+
+    def fresh(self, rest: bytes = b"", closed: bool = False) -> None:
+        """New h11 state after a body h11 did not see (spliced): ``rest`` is what the peer sent
+        after it (a pipelined request), ``closed`` whether it has closed its side since."""
+        self.h = h11.Connection(self.h.our_role, max_incomplete_event_size=MAX_HEAD)
+        if rest:
+            self.h.receive_data(rest)
+        if closed:
+            self.h.receive_data(b"")
+
+    def next_cycle(self) -> None:
+        """Ready for the next request (a fresh state already is)."""
+        if self.h.our_state is h11.IDLE and self.h.their_state is h11.IDLE:
+            return
+        self.h.start_next_cycle()
+
+    def flush(self) -> None:
+        if self.out:
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.out.clear()
+            self.sock.sendall(data)
 
 
 @dataclass
@@ -123,7 +161,7 @@ class _Upstream:
     scanner: BodyScanner | None = field(default=None)
 
 
-def serve(sock: socket.socket, ctx: Ctx) -> None:
+def serve(sock: Stream, ctx: Ctx) -> None:
     """Serve one client connection until it closes, a limit is hit, or a request is refused."""
     sock.settimeout(ctx.idle)
     client = _Peer(sock, h11.SERVER)
@@ -149,7 +187,7 @@ def serve(sock: socket.socket, ctx: Ctx) -> None:
             if client.h.our_state is h11.MUST_CLOSE or client.h.their_state is h11.MUST_CLOSE:
                 return
             try:
-                client.h.start_next_cycle()
+                client.next_cycle()
             except h11.LocalProtocolError:
                 return
     finally:
@@ -303,7 +341,7 @@ def _one_request(
         _close(upstream.peer.sock)
         return False, None
     try:
-        upstream.peer.h.start_next_cycle()
+        upstream.peer.next_cycle()
     except h11.LocalProtocolError:
         _close(upstream.peer.sock)
         upstream = None
@@ -323,15 +361,37 @@ def _exchange(
     ctx: Ctx,
 ) -> bool:
     """Forward one request and its response, streaming both bodies. True: keep the connection.
-    ``ahead``: body events already read (and checked); the rest is read as it comes."""
+    ``ahead``: body events already read (and checked); the rest is read as it comes. Writes are
+    held until the side they come from has nothing more buffered (``_Peer.next_event(flush=)``),
+    so a small response is one write; whatever was held is sent before this returns."""
+    try:
+        return _forward(client, server, req, target, headers, ahead, rec, scanner, websocket, ctx)
+    finally:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            client.flush()
+
+
+def _forward(
+    client: _Peer,
+    server: _Peer,
+    req: h11.Request,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    ahead: list[h11.Data | h11.EndOfMessage],
+    rec: Record,
+    scanner: BodyScanner,
+    websocket: bool,
+    ctx: Ctx,
+) -> bool:
     server.send(
         h11.Request(
             method=req.method, target=target, headers=headers, http_version=req.http_version
-        )
+        ),
+        hold=True,
     )
     pending = list(ahead)
     while True:
-        event = pending.pop(0) if pending else _body_event(client)
+        event = pending.pop(0) if pending else _body_event(client, server)
         if isinstance(event, h11.Data):
             found = scanner.feed(event.data)
             if found is not None:
@@ -339,7 +399,7 @@ def _exchange(
                 rec.status = 403
                 return False
             rec.bytes_up += len(event.data)
-            server.send(event)
+            server.send(event, hold=True)
         elif isinstance(event, h11.EndOfMessage):
             server.send(event)
             break
@@ -373,26 +433,114 @@ def _exchange(
                     headers=headers,
                     reason=event.reason,
                     http_version=b"1.1",
-                )
+                ),
+                hold=True,
             )
+            length = _direct_length(client, server, req, event, ctx)
+            if length is not None:
+                return _direct_body(client, server, req, event, length, rec, ctx)
             break
         return False
     redactor = Redactor(ctx.guest.secrets)
     while True:
-        event = server.next_event()
+        # Held bytes go out before any wait: a streamed response is never held back.
+        event = server.next_event(flush=client)
         if isinstance(event, h11.Data):
             rec.bytes_down += len(event.data)
             data = redactor.feed(event.data)
             if data:
-                client.send(h11.Data(data=data))  # at once: never hold a streamed response
+                client.send(h11.Data(data=data), hold=True)
         elif isinstance(event, h11.EndOfMessage):
             tail = redactor.flush()
             if tail:
-                client.send(h11.Data(data=tail))
+                client.send(h11.Data(data=tail), hold=True)
             client.send(event)
             return server.h.our_state is h11.DONE and server.h.their_state is h11.DONE
         else:
             return False
+
+
+def _direct_length(
+    client: _Peer, server: _Peer, req: h11.Request, resp: h11.Response, ctx: Ctx
+) -> int | None:
+    """The length of a response body that can bypass h11, else None: a Content-Length body
+    (chunked and close-delimited ones are framed by h11, request bodies always are) whose
+    length the forwarded head keeps (redaction cannot change it: ``same_lengths``)."""
+    if req.method == b"HEAD" or resp.status_code in (204, 304):
+        return None
+    if not same_lengths(ctx.guest.secrets) or server.h.their_state is not h11.SEND_BODY:
+        return None
+    lengths = {v for n, v in resp.headers if n == b"content-length"}
+    if len(lengths) != 1 or any(n == b"transfer-encoding" for n, _ in resp.headers):
+        return None
+    length = int(lengths.pop())  # h11 checked it is digits
+    return length if length >= DIRECT_MIN else None
+
+
+def _direct_body(
+    client: _Peer,
+    server: _Peer,
+    req: h11.Request,
+    resp: h11.Response,
+    length: int,
+    rec: Record,
+    ctx: Ctx,
+) -> bool:
+    """Move a Content-Length body without h11: spliced in the kernel (splice.py) between plain
+    sockets when no secret could need redacting, else read and written in large pieces (one
+    pass per ``RECV``, TLS on memory BIOs, through the ``Redactor``). Then both peers get a
+    fresh h11 state for the next request, as h11 would after the body. True: keep it."""
+    client.flush()  # the head
+    held = bytes(server.h._receive_buffer)  # body bytes h11 already read (h11 is pinned)
+    first, extra = held[:length], held[length:]
+    redactor = Redactor(ctx.guest.secrets)
+    if first:
+        client.sock.sendall(redactor.feed(first))
+    rec.bytes_down += len(first)
+    left = length - len(first)
+    src, dst = server.sock, client.sock
+    if isinstance(src, socket.socket) and isinstance(dst, socket.socket) and not ctx.guest.secrets:
+        moved = splice.move(src, dst, left, _idle(src))
+        rec.bytes_down += moved.count
+        ended = moved.ended
+    else:
+        ended = None
+        while left > 0:
+            data = src.recv(min(_chunk(src), left))
+            if not data:
+                ended = "eof"
+                break
+            left -= len(data)
+            rec.bytes_down += len(data)
+            out = redactor.feed(data)
+            if out:
+                dst.sendall(out)
+        tail = redactor.flush()
+        if tail and ended is None:
+            dst.sendall(tail)
+    if ended is not None:
+        rec.note = f"aborted: {ended} after {rec.bytes_down} of {length} bytes"
+        return False
+    if extra or not (_keeps_alive(req) and _keeps_alive(resp)):
+        return False  # bytes past the body, or a side that said close: end here
+    rest = bytes(client.h._receive_buffer)  # a pipelined request, judged on its own next
+    client.fresh(rest, closed=client.h._receive_buffer_closed)
+    server.fresh()
+    return True
+
+
+def _keeps_alive(event: h11.Request | h11.Response) -> bool:
+    """h11's own rule: HTTP/1.1 and no ``close`` among the Connection header's tokens."""
+    tokens = b",".join(v for n, v in event.headers if n == b"connection").lower().split(b",")
+    return event.http_version >= b"1.1" and b"close" not in {t.strip() for t in tokens}
+
+
+def _chunk(sock: Stream) -> int:
+    return RECV if isinstance(sock, TlsStream) else RECV_PLAIN
+
+
+def _idle(sock: socket.socket) -> float:
+    return sock.gettimeout() or 120.0
 
 
 def _asked(ctx: Ctx, host: str | None, judged: Judged) -> bool:
@@ -417,10 +565,11 @@ def _chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return any(n.lower() == b"transfer-encoding" for n, _ in headers)
 
 
-def _body_event(client: _Peer) -> Any:
-    """The client's next body event; its protocol errors are the client's (a 400)."""
+def _body_event(client: _Peer, server: _Peer) -> Any:
+    """The client's next body event (what is held for ``server`` is sent before waiting); its
+    protocol errors are the client's (a 400)."""
     try:
-        return client.next_event()
+        return client.next_event(flush=server)
     except h11.RemoteProtocolError as exc:
         raise PeerProtocolError(httphead.h11_message(exc), 400) from exc
 
@@ -457,7 +606,7 @@ def _read_ahead(client: _Peer, ctx: Ctx) -> list[h11.Data | h11.EndOfMessage]:
                 return events
             client.sock.settimeout(left)
             try:
-                data = client.sock.recv(RECV)
+                data = client.sock.recv(_chunk(client.sock))
             except TimeoutError:
                 return events
             except (ssl.SSLError, OSError):
@@ -470,6 +619,7 @@ def _read_ahead(client: _Peer, ctx: Ctx) -> list[h11.Data | h11.EndOfMessage]:
 def _connect(client: _Peer, host: str | None, port: int | None, rec: Record, ctx: Ctx) -> None:
     rec.host, rec.port = host, port
     assert port is not None and ctx.on_connect is not None
+    assert isinstance(client.sock, socket.socket)  # CONNECT is for the plain proxy port only
     if ctx.guest.profile.front(host) is not None and port == 443:
         # A fronted service: the gateway itself answers, after the TLS handshake (server.py).
         rec.decision = decide(ctx.guest.profile, Attempt(Protocol.TCP, None, port, host))
@@ -506,14 +656,12 @@ def _tunnel(a: _Peer, b: _Peer) -> tuple[int, int]:
 
 
 def copy_both(
-    a: socket.socket, b: socket.socket, up: int = 0, down: int = 0, idle: float = 300.0
+    a: Stream, b: Stream, up: int = 0, down: int = 0, idle: float = 300.0
 ) -> tuple[int, int]:
-    """One-thread relay that also works for TLS sockets (whose buffered bytes select() misses)."""
-    open_: dict[socket.socket, socket.socket] = {a: b, b: a}
+    """One-thread relay that also works for TLS streams (whose buffered bytes select() misses)."""
+    open_: dict[Stream, Stream] = {a: b, b: a}
     while open_:
-        ready: list[socket.socket] = [
-            s for s in open_ if isinstance(s, ssl.SSLSocket) and s.pending()
-        ]
+        ready: list[Stream] = [s for s in open_ if isinstance(s, TlsStream) and s.pending()]
         if not ready:
             ready, _, _ = select.select(list(open_), [], [], idle)
             if not ready:
@@ -523,7 +671,7 @@ def copy_both(
             if dst is None:
                 continue
             try:
-                data = src.recv(RECV)
+                data = src.recv(_chunk(src))
             except ssl.SSLWantReadError:
                 continue
             except OSError:
@@ -624,6 +772,6 @@ def origin_form(target: bytes) -> bytes:
     return (path + (f"?{parts.query}" if parts.query else "")).encode("latin-1")
 
 
-def _close(sock: socket.socket) -> None:
+def _close(sock: Stream) -> None:
     with contextlib.suppress(OSError):
         sock.close()

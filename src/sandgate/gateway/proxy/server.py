@@ -10,8 +10,9 @@ are all present they must agree. Allowed TLS passes through raw (spliced), unles
 inspects that name: then the gateway terminates TLS with its own CA and speaks HTTP/1.1 both ways
 (http1.py), which is where placeholder credentials are swapped.
 
-Each connection gets its own thread with blocking sockets; decisions are pure and the asyncio
-loop is only asked to resolve names and to take events.
+Each connection gets its own thread with blocking sockets until it is judged; a raw tunnel is
+then handed to the relay hub (relay.py: one epoll thread for every tunnel) and the thread ends.
+Decisions are pure and the asyncio loop is only asked to resolve names and to take events.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from sandgate.gateway.proxy import http1, relay, sni
 from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
 from sandgate.gateway.proxy.tls import Leaves, upstream_context
+from sandgate.gateway.proxy.tlsio import Sessions, Stream, TlsStream
 from sandgate.net.compile import PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT
 from sandgate.policy.decide import Reason, deny
 from sandgate.policy.requests import names_agree, raw_relay, tls_mode
@@ -63,6 +65,7 @@ class Proxy:
         self.ca = load_or_create_ca(ca_dir)
         self.leaves = Leaves(self.ca)
         self.upstream_tls = upstream_context(extra_ca)
+        self.sessions = Sessions()  # upstream TLS sessions, resumed on the next dial
         self._guests: dict[str, _Listeners] = {}
         self.cut = False  # the watchdog cut the gateway off: every connection is refused
 
@@ -276,8 +279,9 @@ class Proxy:
         self, conn: socket.socket, rec: Record, name: str, front: tuple[str, int] | None
     ) -> None:
         """Terminate TLS as ``name`` with the gateway's CA, then speak HTTP/1.1 (http1.py)."""
+        tls = TlsStream(conn, self.leaves.context(name), server_side=True)
         try:
-            tls = self.leaves.context(name).wrap_socket(conn, server_side=True)
+            tls.handshake(HELLO_TIMEOUT)
         except (ssl.SSLError, OSError) as exc:
             rec.tls, rec.note = "inspected", f"client TLS failed: {exc}"
             self.emit(rec.flow_key(), rec.event())
@@ -316,17 +320,22 @@ class Proxy:
             if early:
                 upstream.sendall(early)
             profile = rec.guest.profile
-            result = relay.relay(
+
+            def done(result: relay.RelayResult) -> None:
+                rec.bytes_up, rec.bytes_down = result.up + len(early), result.down
+                if result.ended not in ("eof",):
+                    rec.note = f"ended: {result.ended}"
+                self.emit(rec.flow_key(), rec.event())
+
+            # The hub takes the tunnel (duplicates of both sockets): this thread ends here.
+            relay.start(
                 conn,
                 upstream,
+                done,
                 idle=profile.tunnel_idle,
                 total=profile.tunnel_max_seconds,
                 cap=profile.tunnel_max_bytes,
             )
-        rec.bytes_up, rec.bytes_down = result.up + len(early), result.down
-        if result.ended not in ("eof",):
-            rec.note = f"ended: {result.ended}"
-        self.emit(rec.flow_key(), rec.event())
 
     def _refuse(self, conn: socket.socket, rec: Record, log_only: bool = False) -> None:
         """Close with a reset: a TLS client gets no HTTP error page, only a prompt failure."""
@@ -336,12 +345,25 @@ class Proxy:
 
     # -- dialling ---------------------------------------------------------------------------------
 
-    def _dial(self, address: str, port: int, tls_name: str | None) -> socket.socket:
+    def _dial(self, address: str, port: int, tls_name: str | None) -> Stream:
         sock = socket.create_connection((address, port), timeout=DIAL_TIMEOUT)
         _no_delay(sock)
         if tls_name is None:
             return sock
-        return self.upstream_tls.wrap_socket(sock, server_hostname=tls_name)
+        tls = TlsStream(
+            sock,
+            self.upstream_tls,
+            server_side=False,
+            server_hostname=tls_name,
+            session=self.sessions.get(tls_name, port),
+            on_close=lambda session: self.sessions.put(tls_name, port, session),
+        )
+        try:
+            tls.handshake(DIAL_TIMEOUT)
+        except BaseException:
+            sock.close()
+            raise
+        return tls
 
 
 def _no_delay(sock: socket.socket) -> None:
