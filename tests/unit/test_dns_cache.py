@@ -291,7 +291,8 @@ def test_a_burst_of_answers_waits_for_one_pin_write() -> None:
     assert len(pins) == 1  # one write for the burst: one guest, one rule, one TTL
     addresses, ttl, tags, sent_before = pins[0]
     assert sorted(addresses) == sorted(f"203.0.113.{i}" for i in range(1, 21))
-    assert (ttl, tags, sent_before) == (60, ("a0",), 0)  # pinned before any answer was sent
+    # pinned (allow[0], in pin set a0: its tag a0.0) before any answer was sent
+    assert (ttl, tags, sent_before) == (60, ("a0.0",), 0)
     assert len(replies) == 21 and all(r is not None for r in replies)
 
 
