@@ -255,7 +255,8 @@ def page(instance: str) -> str:
 <span>shown: <b id="shown">0</b></span><span id="counters" class="counters"></span></div>
 <div id="approvals-box" hidden><h2>Waiting for an answer</h2>
 <table><thead><tr><th>name</th><th>session</th><th>guest</th><th>waiting</th><th>answer</th>
-</tr></thead><tbody id="approvals"></tbody></table><p id="approve-msg"></p></div>
+</tr></thead><tbody id="approvals"></tbody></table></div>
+<p id="approve-msg"></p>
 <h2>Sessions</h2>
 <table><thead><tr><th>session</th><th>guest</th><th>profile</th><th>mode</th><th>started</th>
 <th>state</th><th>report</th><th>command</th></tr></thead><tbody id="sessions"></tbody></table>
