@@ -114,6 +114,28 @@ def as_nobody(*args: str) -> str:
     return r.stdout
 
 
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium driven by selenium (skips the test where chromedriver is missing)."""
+    if shutil.which("chromedriver") is None:
+        pytest.skip("chromedriver is missing (setup.sh test installs it)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    profile = tempfile.mkdtemp(prefix="sg-dash-chromium-")
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
+        options.add_argument(flag)
+    os.environ["SE_AVOID_STATS"] = "true"
+    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 def test_root_is_let_in_by_its_socket(dash: Dash) -> None:
     status, page = get(dash.url + "/")
     assert status == 200
@@ -182,21 +204,10 @@ def test_metrics_grow_after_a_session(dash: Dash, sandbox: Runner) -> None:
 
 
 def test_the_page_shows_a_session_live(dash: Dash, sandbox: Runner) -> None:
-    if shutil.which("chromedriver") is None:
-        pytest.skip("chromedriver is missing (setup.sh test installs it)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    profile = tempfile.mkdtemp(prefix="sg-dash-chromium-")
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    os.environ["SE_AVOID_STATS"] = "true"
-    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
-    try:
+    with chromium() as driver:
         driver.get(dash.url + "/")  # root: let in by its socket, no token
         wait = WebDriverWait(driver, 20)
         wait.until(lambda d: d.find_element(By.ID, "conn").text == "live")
@@ -239,9 +250,6 @@ def test_the_page_shows_a_session_live(dash: Dash, sandbox: Runner) -> None:
             ".map(r => r.dataset.session)"
         )
         assert shown and set(shown) == {sid}
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 ASK_SCRIPT = (
@@ -263,21 +271,11 @@ def test_names_are_answered_from_the_page(dash: Dash, sandbox: Runner) -> None:
     """A session run with ask: its waiting names show on the page, and its buttons answer them
     (Allow once lets pypi.org through the proxy; Deny refuses github.com's question). A POST
     from another origin, or not JSON, answers nothing."""
-    if shutil.which("chromedriver") is None:
-        pytest.skip("chromedriver is missing (setup.sh test installs it)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     from sandgate.events.schema import Kind
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    profile = tempfile.mkdtemp(prefix="sg-dash-chromium-")
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    os.environ["SE_AVOID_STATS"] = "true"
     work = Path(tempfile.mkdtemp(prefix="sg-dash-ask-"))
     (work / "ask.toml").write_text('[profiles.dev]\ninternet = "ask"\n')
     done: list[Any] = []
@@ -286,36 +284,30 @@ def test_names_are_answered_from_the_page(dash: Dash, sandbox: Runner) -> None:
             sandbox.sh(f"({ASK_SCRIPT}) 2>&1", policy=str(work / "ask.toml"), timeout=120)
         )
     )
-    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
     try:
-        driver.get(dash.url + "/")  # root: let in by its socket, no token
-        wait = WebDriverWait(driver, 40)
-        wait.until(lambda d: d.find_element(By.ID, "conn").text == "live")
-        run.start()
+        with chromium() as driver:
+            driver.get(dash.url + "/")  # root: let in by its socket, no token
+            wait = WebDriverWait(driver, 40)
+            wait.until(lambda d: d.find_element(By.ID, "conn").text == "live")
+            run.start()
 
-        def click(name: str, verdict: str) -> None:
-            row = f'#approvals tr[data-name="{name}"] button[data-verdict="{verdict}"]'
-            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row))[0].click()
+            def click(name: str, verdict: str) -> None:
+                row = f'#approvals tr[data-name="{name}"] button[data-verdict="{verdict}"]'
+                wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row))[0].click()
 
-        click("pypi.org", "allow")
-        wait.until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, '#approvals tr[data-name="github.com"]')
-        )
-        # From the attacker's side: another origin's page, or a form post, cannot answer.
-        evil = {"content-type": "application/json", "origin": "http://evil.example"}
-        assert post(dash, b'{"name": "github.com"}', evil)[0] == 400
-        form = {"content-type": "application/x-www-form-urlencoded"}
-        assert post(dash, b"name=github.com&verdict=allow", form)[0] == 400
-        click("github.com", "deny")
-        try:
+            click("pypi.org", "allow")
+            github = '#approvals tr[data-name="github.com"]'
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, github))
+            # From the attacker's side: another origin's page, or a form post, cannot answer.
+            evil = {"content-type": "application/json", "origin": "http://evil.example"}
+            assert post(dash, b'{"name": "github.com"}', evil)[0] == 400
+            form = {"content-type": "application/x-www-form-urlencoded"}
+            assert post(dash, b"name=github.com&verdict=allow", form)[0] == 400
+            click("github.com", "deny")
             wait.until(lambda d: "deny github.com" in d.find_element(By.ID, "approve-msg").text)
-        except Exception:
-            raise AssertionError(driver.find_element(By.ID, "approve-msg").text) from None
     finally:
-        if run.is_alive() or run.ident is not None:
+        if run.ident is not None:
             run.join(150)
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     r = done[0]
     out = Path(r.report.output or "").read_text()
