@@ -25,7 +25,7 @@ what it means (guest, verdict, reason, rule) so a log line is attributed without
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -504,25 +504,11 @@ def _guest_forward6(b: _Builder, link: GuestLink, profile: Profile, fwd: str, in
         reason = Reason.EXEMPT if is_exemption(net, over) else Reason.RULE_ALLOW
         b.rule(fwd6, *_rule_match6(rule), *exclude, b.site(fwd6, g, allow(reason, rule)))
     b.rule(fwd6, _match(daddr, "@special6"), b.site(fwd6, g, deny(Reason.SPECIAL)))
-    udp443 = [_match(_meta("l4proto"), "udp"), _match(_payload("th", "dport"), 443)]
-    b.rule(fwd6, *udp443, b.site(fwd6, g, deny(Reason.QUIC)))
-    b.rule(
-        fwd6,
-        _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
-        _match(_payload("th", "dport"), 853),
-        b.site(fwd6, g, deny(Reason.DNS_BYPASS)),
-    )
-    if profile.mode is Mode.OPEN:
-        b.rule(fwd6, b.site(fwd6, g, allow(Reason.OPEN)))
-    elif profile.mode is Mode.ALLOWLIST:
-        for pin in pins:
-            if pin.action == "allow":
-                site = b.site(fwd6, g, allow(Reason.PINNED, _only(pin)), pins=pin)
-                scope = _scope_match6(pin.rules[0].rule)
-                b.rule(fwd6, _match(daddr, "@" + pin6_set(g, pin.tag)), *scope, site)
-        b.rule(fwd6, b.site(fwd6, g, deny(Reason.NOT_ALLOWLISTED)))
-    else:
-        b.rule(fwd6, b.site(fwd6, g, deny(Reason.LOCKED)))
+    _after_rules(
+        b, fwd6, g, profile, pins,
+        lambda pin: [_match(daddr, "@" + pin6_set(g, pin.tag)),
+                     *_scope_match6(pin.rules[0].rule)],
+    )  # fmt: skip
 
     # The gateway's IPv6 address on the link serves only the web flows redirected to the
     # proxy (conntrack's dnat status tells them from a guest dialling it); the resolver is
@@ -667,28 +653,7 @@ def guest_add(
     for group in allow_groups:
         b.grouped(fwd, g, group, allow(Reason.RULE_ALLOW))
     b.rule(fwd, _match(_payload("ip", "daddr"), "@special4"), b.site(fwd, g, deny(Reason.SPECIAL)))
-    b.rule(
-        fwd,
-        _match(_meta("l4proto"), "udp"),
-        _match(_payload("th", "dport"), 443),
-        b.site(fwd, g, deny(Reason.QUIC)),
-    )
-    b.rule(
-        fwd,
-        _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
-        _match(_payload("th", "dport"), 853),
-        b.site(fwd, g, deny(Reason.DNS_BYPASS)),
-    )
-    if profile.mode is Mode.OPEN:
-        b.rule(fwd, b.site(fwd, g, allow(Reason.OPEN)))
-    elif profile.mode is Mode.ALLOWLIST:
-        for pin in pins:
-            if pin.action == "allow":
-                site = b.site(fwd, g, allow(Reason.PINNED, _only(pin)), pins=pin)
-                b.rule(fwd, *_pin_match(g, pin), site)
-        b.rule(fwd, b.site(fwd, g, deny(Reason.NOT_ALLOWLISTED)))
-    else:
-        b.rule(fwd, b.site(fwd, g, deny(Reason.LOCKED)))
+    _after_rules(b, fwd, g, profile, pins, lambda pin: _pin_match(g, pin))
 
     # The gateway itself: the guest's own resolver and nothing else.
     own = _match(_payload("ip", "daddr"), str(link.gateway))
@@ -962,6 +927,41 @@ def pin_elements(
         }
         for name in names
     ]
+
+
+def _after_rules(
+    b: _Builder,
+    chain: str,
+    g: str,
+    profile: Profile,
+    pins: Sequence[PinGroup],
+    pin_match: Callable[[PinGroup], list[Json]],
+) -> None:
+    """The steps after a family's rules and special blocks: QUIC and DNS-over-TLS refused,
+    then the mode (open; allowlist: the pinned answers of allow rules, then refused; locked).
+    ``pin_match`` is the family's match of a pin group's set."""
+    b.rule(
+        chain,
+        _match(_meta("l4proto"), "udp"),
+        _match(_payload("th", "dport"), 443),
+        b.site(chain, g, deny(Reason.QUIC)),
+    )
+    b.rule(
+        chain,
+        _match(_meta("l4proto"), {"set": ["udp", "tcp"]}),
+        _match(_payload("th", "dport"), 853),
+        b.site(chain, g, deny(Reason.DNS_BYPASS)),
+    )
+    if profile.mode is Mode.OPEN:
+        b.rule(chain, b.site(chain, g, allow(Reason.OPEN)))
+    elif profile.mode is Mode.ALLOWLIST:
+        for pin in pins:
+            if pin.action == "allow":
+                site = b.site(chain, g, allow(Reason.PINNED, _only(pin)), pins=pin)
+                b.rule(chain, *pin_match(pin), site)
+        b.rule(chain, b.site(chain, g, deny(Reason.NOT_ALLOWLISTED)))
+    else:
+        b.rule(chain, b.site(chain, g, deny(Reason.LOCKED)))
 
 
 def _pin_match(guest: str, pin: PinGroup) -> list[Json]:
