@@ -643,5 +643,8 @@ def test_measure(topo: Topo, rules: TlsGate) -> None:
         f"\nreader: read to verdict {held:.0f} us, of which the verdict write {verdict:.0f} us"
         f"\nqueued packets per connection: {sorted(set(per_conn))} over {len(per_conn)}"
     )
-    assert set(per_conn) == {1}
+    # The first flight only: one packet per connection, or two where the client's TCP resent
+    # its ClientHello while the verdict was pending (a loaded machine); every later packet
+    # of a connection (its three pings) passes in the kernel.
+    assert set(per_conn) <= {1, 2} and per_conn.count(1) >= 0.9 * len(per_conn), per_conn
     assert ratio > 0.3  # a sanity bound: on a shared 2-vCPU VM the figure swings 0.6-1.6
