@@ -242,8 +242,8 @@ def _more(sock: Any, buf: bytearray) -> None:
     buf += data
 
 
-def get(path: str, extra: str = "") -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: {NAME}\r\n{extra}\r\n".encode()
+def get(path: str, extra: str = "", host: str = NAME) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode()
 
 
 @pytest.fixture
@@ -284,6 +284,24 @@ def test_plain_bodies_arrive_identical_spliced_or_framed(splices: list[int]) -> 
     assert all(e.details["bytes_down"] > 0 for e in events)
     assert [e.details["bytes_down"] for e in events] == [1000, BIG, BIG, BIG, BIG]
     assert len(up.heads) == 5  # one upstream connection until the close-delimited one
+
+
+def test_bodies_are_redacted_only_from_the_hosts_a_secret_is_sent_to(splices: list[int]) -> None:
+    """A guest with a secret: a big body from the secret's host is read and redacted, never
+    spliced; one from any other host is spliced. The gateway sends the real value only to its
+    hosts, and what another host knows anyway a passthrough tunnel would carry unread."""
+    events: list[Event] = []
+    with upstream() as up:
+        client = plain(up, guest("open", (SECRET,)), events)
+        buf = bytearray()
+        client.sendall(get(f"/key/{BIG}"))
+        assert read_response(client, buf)[1] == with_key(BIG, SECRET.placeholder)
+        client.sendall(get(f"/cl/{BIG}", host="other.test"))
+        assert read_response(client, buf)[1] == pattern(BIG)
+        client.close()
+        settle()
+    assert len(splices) == 1 and BIG // 2 < splices[0] <= BIG  # the other host's body only
+    assert [e.details["bytes_down"] for e in events] == [BIG, BIG]
 
 
 def test_a_request_after_a_spliced_body_is_judged_on_its_own(splices: list[int]) -> None:

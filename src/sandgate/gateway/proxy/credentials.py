@@ -79,6 +79,14 @@ def make_placeholder(name: str, length: int) -> str:
     return prefix + "".join(_random.choice(alphabet) for _ in range(size - len(prefix)))
 
 
+def echoed_by(secrets: Iterable[Secret], host: str | None) -> tuple[Secret, ...]:
+    """The secrets a response from ``host`` is redacted for: the ones the gateway sends there.
+    A host none of them serves never got a real value from sandgate. If it knows one anyway, a
+    passthrough tunnel (never read) would carry it just as well, so reading that host's bodies
+    would buy nothing and cost the kernel's splice (``http1._direct_body``)."""
+    return tuple(s for s in secrets if host is not None and s.serves(host))
+
+
 def same_lengths(secrets: Iterable[Secret]) -> bool:
     return all(len(s.placeholder) == len(s.value) for s in secrets)
 

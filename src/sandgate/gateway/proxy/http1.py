@@ -29,6 +29,8 @@ from sandgate.gateway.proxy.chunked import ChunkedCheck
 from sandgate.gateway.proxy.credentials import (
     BodyScanner,
     Redactor,
+    Secret,
+    echoed_by,
     redact_headers,
     rewrite_headers,
     same_lengths,
@@ -383,6 +385,7 @@ def _forward(
     websocket: bool,
     ctx: Ctx,
 ) -> bool:
+    echo = echoed_by(ctx.guest.secrets, rec.host)  # what the response's body is redacted for
     server.send(
         h11.Request(
             method=req.method, target=target, headers=headers, http_version=req.http_version
@@ -424,7 +427,7 @@ def _forward(
         if isinstance(event, h11.Response):
             rec.status = event.status_code
             headers = redact_headers(_clean(event.headers), ctx.guest.secrets)
-            if not same_lengths(ctx.guest.secrets):
+            if not same_lengths(echo):
                 # Redaction may change the body's length: let h11 frame it anew.
                 headers = [(n, v) for n, v in headers if n.lower() != b"content-length"]
             client.send(
@@ -436,12 +439,12 @@ def _forward(
                 ),
                 hold=True,
             )
-            length = _direct_length(client, server, req, event, ctx)
+            length = _direct_length(server, req, event, echo)
             if length is not None:
-                return _direct_body(client, server, req, event, length, rec, ctx)
+                return _direct_body(client, server, req, event, length, rec, echo)
             break
         return False
-    redactor = Redactor(ctx.guest.secrets)
+    redactor = Redactor(echo)
     while True:
         # Held bytes go out before any wait: a streamed response is never held back.
         event = server.next_event(flush=client)
@@ -461,14 +464,14 @@ def _forward(
 
 
 def _direct_length(
-    client: _Peer, server: _Peer, req: h11.Request, resp: h11.Response, ctx: Ctx
+    server: _Peer, req: h11.Request, resp: h11.Response, echo: tuple[Secret, ...]
 ) -> int | None:
     """The length of a response body that can bypass h11, else None: a Content-Length body
     (chunked and close-delimited ones are framed by h11, request bodies always are) whose
     length the forwarded head keeps (redaction cannot change it: ``same_lengths``)."""
     if req.method == b"HEAD" or resp.status_code in (204, 304):
         return None
-    if not same_lengths(ctx.guest.secrets) or server.h.their_state is not h11.SEND_BODY:
+    if not same_lengths(echo) or server.h.their_state is not h11.SEND_BODY:
         return None
     lengths = {v for n, v in resp.headers if n == b"content-length"}
     if len(lengths) != 1 or any(n == b"transfer-encoding" for n, _ in resp.headers):
@@ -484,22 +487,23 @@ def _direct_body(
     resp: h11.Response,
     length: int,
     rec: Record,
-    ctx: Ctx,
+    echo: tuple[Secret, ...],
 ) -> bool:
     """Move a Content-Length body without h11: spliced in the kernel (splice.py) between plain
-    sockets when no secret could need redacting, else read and written in large pieces (one
-    pass per ``RECV``, TLS on memory BIOs, through the ``Redactor``). Then both peers get a
+    sockets when no secret could need redacting (``echo``: the ones the host is sent), else
+    read and written in large pieces (one pass per ``RECV``, TLS on memory BIOs, through the
+    ``Redactor``). Then both peers get a
     fresh h11 state for the next request, as h11 would after the body. True: keep it."""
     client.flush()  # the head
     held = bytes(server.h._receive_buffer)  # body bytes h11 already read (h11 is pinned)
     first, extra = held[:length], held[length:]
-    redactor = Redactor(ctx.guest.secrets)
+    redactor = Redactor(echo)
     if first:
         client.sock.sendall(redactor.feed(first))
     rec.bytes_down += len(first)
     left = length - len(first)
     src, dst = server.sock, client.sock
-    if isinstance(src, socket.socket) and isinstance(dst, socket.socket) and not ctx.guest.secrets:
+    if isinstance(src, socket.socket) and isinstance(dst, socket.socket) and not echo:
         moved = splice.move(src, dst, left, _idle(src))
         rec.bytes_down += moved.count
         ended = moved.ended
