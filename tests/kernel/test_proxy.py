@@ -488,3 +488,25 @@ def test_malformed_chunked_body_never_reaches_upstream(sandbox: Runner, work: Pa
         assert e.reason == "deny.protocol" and e.details["status"] == 400
         assert e.name == "198.51.100.123" and e.port == 9
         assert e.details["path"] == "/upload?…" and "s3cret" not in json.dumps(e.as_json())
+
+
+def test_an_inspected_name_sharing_an_address_is_inspected(sandbox: Runner, work: Path) -> None:
+    """deb.debian.org and security.debian.org share one address and one allow rule (so one pin
+    set); only security is inspected. After the sandbox reached deb (its address pinned, not
+    inspected), TLS to security still goes through inspection: the inspect element is not
+    skipped as "already pinned"."""
+    policy = work / "inspect-security.toml"
+    policy.write_text(
+        '[profiles.p]\ninternet = "allowlist"\nallow = [{ domain = "*.debian.org" }]\n'
+        'inspect = ["security.debian.org"]\n'
+    )
+    r = sandbox.sh(
+        "curl --noproxy '*' -sS -m 5 -o /dev/null https://deb.debian.org/ && "
+        "curl --noproxy '*' -sS -m 5 -o /dev/null https://security.debian.org/ && echo both",
+        mode="allowlist",
+        policy=str(policy),
+    )
+    assert r.exit_code == 0, r
+    tls = {e.name: e.details.get("tls") for e in _http(sandbox, r) if e.name}
+    assert tls.get("security.debian.org") == "inspected", tls
+    assert tls.get("deb.debian.org") != "inspected", tls

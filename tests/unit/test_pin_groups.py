@@ -176,3 +176,27 @@ def test_in_one_burst_the_longer_pin_is_written_last() -> None:
 
     asyncio.run(burst())
     assert [ttl for ttl, _ in written] == [60, 3600], written
+
+
+def test_an_inspected_name_at_an_address_already_pinned_still_gets_inspected() -> None:
+    """Two names at one address with the same pin sets (example.com and www.example.com in the
+    test world), only the second inspected: its answer must still put the address into the
+    inspect set, though the first answer pinned it into the same rule sets a moment ago."""
+    from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _Entry
+    from sandgate.policy.decide import Reason, allow
+
+    written: list[tuple[tuple[str, ...], bool]] = []
+
+    def pin(dns: object, addresses: tuple[str, ...], ttl: int, tags: Any, insp: bool) -> int:
+        written.append((addresses, insp))
+        return ttl
+
+    resolver = Resolver([], lambda key, event: None, pin)
+    guest = GuestDNS(LINK, None, PROFILE, "p")
+    at = ADDRESS["pypi.org"]
+    tags = tuple(p.tag for p in pin_rules(PROFILE, "pypi.org"))
+    for inspect in (False, True, True):
+        entry = _Entry(b"\0" * 12, 0.0, "pypi.org", "A", allow(Reason.ANSWER), 0, (at,), 300,
+                       tags, pins=True, inspect=inspect)  # fmt: skip
+        resolver._ensure_pinned(guest, entry)
+    assert written == [((at,), False), ((at,), True)]  # the third: both still held

@@ -463,6 +463,7 @@ class Lifecycle:
         # holds any more; its next answers pin again.
         self.resolver.forget(guest.dns.profile_key)
         guest.dns.pinned.clear()
+        guest.dns.inspected.clear()
         guest.dns.profile = profile
         guest.dns.profile_key = f"{guest.dns.profile_key}|reload{time.monotonic()}"
         if guest.proxy is not None:

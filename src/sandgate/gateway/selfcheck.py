@@ -400,7 +400,8 @@ class SelfCheck:
             if left <= 0:
                 continue
             repins += pin_elements(guest.link, [address], left, tags, gw.limits)
-            if guest.profile.inspect:
+        for address, until in sorted(guest.dns.inspected.items(), key=lambda kv: kv[1]):
+            if (left := int(until - now)) > 0:
                 repins.append(inspect_elements(guest.link, [address], left, gw.limits))
         if repins:
             with contextlib.suppress(SandgateError):

@@ -66,6 +66,9 @@ class GuestDNS:
     profile: Profile
     profile_key: str
     pinned: dict[tuple[str, PinTags], float] = field(default_factory=dict)
+    # Addresses in the guest's inspect set, apart: two names at one address with the same pin
+    # sets, one inspected and one not, need the inspect element whichever was answered first.
+    inspected: dict[str, float] = field(default_factory=dict)
     udp: Any = None
     tcp: Any = None
     address: str = field(init=False)  # the gateway's address on this guest's link
@@ -460,7 +463,12 @@ class Resolver:
         remembered is when the kernel's own element expires (the pin's timeout). The write
         joins the burst's (``_write_pins``), which the answer waits for (``_deliver``)."""
         now = time.monotonic()
-        todo = tuple(a for a in entry.addresses if guest.pinned.get((a, entry.pin), 0) < now + 5)
+        todo = tuple(
+            a
+            for a in entry.addresses
+            if guest.pinned.get((a, entry.pin), 0) < now + 5
+            or (entry.inspect and guest.inspected.get(a, 0) < now + 5)
+        )
         if todo:
             # A pin group's set holds an address for every rule it was pinned under: adding it
             # again must not shorten what another name's answer keeps (policy/pins.py).
@@ -473,6 +481,8 @@ class Resolver:
                 ),
                 default=now,
             )
+            if entry.inspect:
+                held = max(held, *(guest.inspected.get(a, now) for a in todo))
             ttl = max(entry.ttl, math.ceil(held - now))
             group = (id(guest), ttl, entry.pin, entry.inspect)
             self._pins_due.setdefault(group, (guest, {}))[1].update(dict.fromkeys(todo))
@@ -515,6 +525,8 @@ class Resolver:
                 continue
             for a in addresses:
                 guest.pinned[(a, tags)] = now + timeout
+                if inspect:
+                    guest.inspected[a] = now + timeout
         for reply, answer in held:
             try:
                 reply(answer if ok else None)
