@@ -45,6 +45,31 @@ def test_a_reused_snapshot_still_sees_a_foreign_change(stack: Stack) -> None:
         assert not any("192.0.2.77" in line for line in restored["ruleset"])
 
 
+def test_a_harmless_outside_commit_then_a_join_is_no_drift(stack: Stack) -> None:
+    """Another process commits a transaction that changes nothing (a chain made and deleted),
+    then a guest joins: no drift, so the watchdog repairs nothing (its repair would empty the
+    joining session's counters). Before, the join's own commit made the two indistinguishable."""
+    box = Sandbox.create(f"noop-{secrets.token_hex(3)}", stack.instance, None, 61000)
+    cleanup.own(box.netns)
+    try:
+        with stack.gateway.client() as ctl:
+            subprocess.run(
+                ["nsenter", f"--net=/proc/{stack.gateway.pid}/ns/net", "nft",
+                 "add chain inet sandgate sg_noop; delete chain inet sandgate sg_noop"],
+                check=True,
+            )  # fmt: skip
+            guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
+            try:
+                snap = ctl.call("snapshot")
+                assert snap["digest"] == snap["expected"]
+                assert not ctl.call("check")["problems"]
+            finally:
+                ctl.call("remove_guest", guest=guest["guest"])
+    finally:
+        box.destroy()
+        cleanup.disown(box.netns)
+
+
 def test_timings_cover_the_run_and_the_gateway_steps(sandbox: Runner) -> None:
     clock = Timings()
     r = sandbox.sh("true", timings=clock)

@@ -208,6 +208,7 @@ class Lifecycle:
     ) -> dict[str, Any]:
         t = _Phases()
         async with self._lock:
+            self.check.before_change()
             t.mark("lock")
             index = self.table.free_index() if index is None else index
             handed = msg.get("handed")  # a gateway VM's guest link: no namespace of ours
@@ -571,6 +572,7 @@ class Lifecycle:
             t.mark("counters")
         self._retire(guest.profile.name, counters)
         async with self._lock:
+            self.check.before_change()
             loop = asyncio.get_running_loop()
             if guest.uidlog is not None:
                 loop.remove_reader(guest.uidlog.fileno())

@@ -240,6 +240,17 @@ class SelfCheck:
         self._drain()  # what came before our change is judged as before
         self._stale = True
 
+    def before_change(self) -> None:
+        """With the lock held, before a change of ours: commits by others since the last
+        verified digest are judged now, while none of ours is mixed in. One that changed
+        nothing the digest covers is forgotten; one that did stays, for the watchdog. Without
+        this, a harmless outside commit followed by a join was drift (``drifted``: ours and
+        theirs cannot be told apart), and the repair emptied the joining session's counters."""
+        self._drain()
+        pending = self._monitor is not None and self._foreign and not self._stale
+        if pending and self.ruleset_digest() == self._expected:
+            self._foreign.clear()
+
     def note_verified(self) -> None:
         """After a repair: the rules as they are now are the gateway's, whoever committed."""
         self._drain()
