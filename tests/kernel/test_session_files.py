@@ -120,6 +120,17 @@ def test_filling_the_disk_is_bounded_and_reported(sandbox: Runner) -> None:
     assert r2.exit_code == 0 and not r2.report.writes["disk_full"]
 
 
+def test_only_the_bounded_places_are_writable(sandbox: Runner) -> None:
+    """From inside: the sandbox's root and /home (bwrap's own tmpfs, unbounded), /var and /dev
+    are read-only; /var/tmp is a scratch area of the session's, not the host's (where every
+    session's workspace is mounted). The script's exit status says which check failed."""
+    r = sandbox.sh(
+        "for p in /x /home/x /var/x /var/lib/x /dev/x; do touch $p 2>/dev/null && exit 10; "
+        "done; touch /var/tmp/ok || exit 11; ls /var/tmp | grep -q sandgate && exit 12; exit 0"
+    )
+    assert r.exit_code == 0, r.exit_code
+
+
 def test_a_hanging_agent_is_killed_and_still_reported(sandbox: Runner) -> None:
     started = time.monotonic()
     r = sandbox.sh("echo started; echo junk > /tmp/j; sleep 300", timeout=2)
