@@ -164,6 +164,8 @@ class _Repeat:
 
 class _Reloaded(Exception):
     """The guest's policy changed while its question was with the upstream."""
+
+
 Reply = Callable[[bytes | None], None]  # the answer for the guest; None: no answer at all
 
 
@@ -212,11 +214,12 @@ class Resolver:
         """The loop the proxy's lookups (from its threads) are handed to."""
         self._loop = loop
 
-    def answer_blocking(self, name: str) -> bytes | None:
-        """The upstream's reply for ``name``, from a proxy thread (the proxy keeps its addresses
-        for the reply's TTL: gateway/proxy/lookup.py); None: no reply. The reply to an A
-        question, or for a name that has no A record (but exists) to an AAAA one, which the
-        proxy's decide() allows only where the uplink has IPv6 (deny.ipv6 says so elsewhere)."""
+    def answer_blocking(self, name: str) -> dnslogic.Addresses | None:
+        """The upstream's addresses for ``name``, from a proxy thread (the proxy keeps them for
+        the answer's TTL: gateway/proxy/lookup.py); None: no readable reply. Those of an A
+        question, or for a name that has no A record (but exists) of an AAAA one, which the
+        proxy's decide() allows only where the uplink has IPv6 (deny.ipv6 says so elsewhere).
+        The reply is read once, here (dnslogic.read_addresses), for both sides."""
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(self._answer(name), self._loop)
         try:
@@ -224,13 +227,14 @@ class Resolver:
         except (TimeoutError, OSError):
             return None
 
-    async def _answer(self, name: str) -> bytes | None:
+    async def _answer(self, name: str) -> dnslogic.Addresses | None:
         try:
             reply = await self.upstream.ask(dnslogic.address_query(name, self.upstream.new_id()))
-            if not dnslogic.a_records(reply) and dnslogic.nodata(reply):
+            found = dnslogic.read_addresses(reply)
+            if found is not None and found.nodata:
                 query = dnslogic.address_query(name, self.upstream.new_id(), dnslogic.AAAA)
-                return await self.upstream.ask(query)
-            return reply
+                return dnslogic.read_addresses(await self.upstream.ask(query))
+            return found
         except (TimeoutError, OSError):
             return None
 
