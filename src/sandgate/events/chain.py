@@ -72,11 +72,16 @@ _REAL, _INTEGER = {"ts"}, {"port", "uid", "pid", "count"}
 _TYPES = tuple(float if f in _REAL else int if f in _INTEGER else str for f in FIELDS)
 
 
+# json.dumps(d, sort_keys=True, separators=(",", ":")) builds an encoder per call; this one is
+# that encoder, made once (every stored event is hashed: ~2 µs of its ~6).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def canonical(seq: int, values: Sequence[Any]) -> bytes:
     """The canonical form of the event with row id ``seq``; ``values`` in ``FIELDS`` order."""
     d = {k: v for k, v in zip(FIELDS, values, strict=True) if v is not None}
     d["seq"] = seq
-    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+    return _CANONICAL.encode(d).encode()
 
 
 def link(prev: bytes, seq: int, values: Sequence[Any]) -> bytes:
