@@ -26,7 +26,6 @@ import asyncio
 import dataclasses
 import functools
 import math
-import socket
 import struct
 import sys
 import time
@@ -38,7 +37,7 @@ from typing import Any
 
 from sandgate.events.schema import Category, Event, FlowKey, FrozenDetails, Kind
 from sandgate.gateway.dns import dnslogic
-from sandgate.gateway.dns.upstream import Upstream
+from sandgate.gateway.dns.upstream import Upstream, grow_rcvbuf
 from sandgate.net.compile import GuestLink
 from sandgate.policy import dnsnames
 from sandgate.policy.decide import Decision, Reason, allow, decide_answer, deny
@@ -49,9 +48,6 @@ CACHE_MAX = 50_000
 TTL_CAP = 300
 TCP_IDLE = 10.0
 PROXY_LOOKUP_TIMEOUT = 6.0
-# Room for a burst of ~20k small queries while the loop is busy elsewhere (the store's flush):
-# the default (~200 KB) holds only a few hundred datagrams.
-UDP_RCVBUF = 8 << 20
 DNS_CATEGORY = Category.DNS.value
 
 PinTags = tuple[str, ...]  # the pin sets (policy/pins.py) an answer's addresses join
@@ -197,7 +193,7 @@ class Resolver:
         guest.udp, _ = await loop.create_datagram_endpoint(
             lambda: _UdpServer(self, guest), local_addr=(addr, 53), reuse_port=False
         )
-        _grow_rcvbuf(guest.udp.get_extra_info("socket"))
+        grow_rcvbuf(guest.udp.get_extra_info("socket"))
         guest.tcp = await asyncio.start_server(
             lambda r, w: self._tcp_client(guest, r, w), host=addr, port=53, reuse_address=True
         )
@@ -601,18 +597,6 @@ class _UdpServer(asyncio.DatagramProtocol):
 
 
 # What the upstream said (None when it said nothing: then the error says why).
-
-
-def _grow_rcvbuf(sock: Any) -> None:
-    """A large receive buffer for a listener (the gateway is root: past rmem_max if need be)."""
-    if sock is None:
-        return
-    for option in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, option, UDP_RCVBUF)
-            return
-        except OSError:
-            continue
 
 
 def _entry(
