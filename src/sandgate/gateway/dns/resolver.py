@@ -23,7 +23,6 @@ of which ~9 in the kernel (52 µs before); an uncached one ~190 µs.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import math
 import struct
@@ -551,7 +550,7 @@ class Resolver:
                 entry = r.entry
                 details = entry.details(cached=True)
                 event = _event(r.guest, r.client, r.proto, entry.name, entry.decision, details)
-                self._emit(key, dataclasses.replace(event, ts=r.ts, count=r.count))
+                self._emit(key, event.but(ts=r.ts, count=r.count))
 
     async def _tcp_client(
         self, guest: GuestDNS, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
