@@ -17,7 +17,7 @@ rounds). Questions that miss the cache are read and answered by dnslogic's fast 
 they have the common shape (dnspython otherwise). Answers that need pins wait for the end of
 the loop's pass, when one write per guest, TTL and pin sets pins the whole burst.
 Measured 2026-12-01 (bench/run foundation --only dns): a cached answer 12-14 µs CPU all told,
-of which ~7 in the kernel (52 µs before); an uncached one 120-140 µs (was 150-190), of which
+of which ~7 in the kernel (52 µs before); an uncached one ~150 µs (was ~170), of which
 ~65 in Python (~45 the question, its verdicts and its event, ~20 the store's row: see
 bench/resolverloop.py) and the rest the kernel's sends and the loop. The tail under load is the
 machine's: the loop's worst stalls hold under ~1.3 ms of its own CPU, and the bench's
