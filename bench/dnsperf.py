@@ -29,6 +29,7 @@ import re
 import secrets
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,9 @@ class DnsRun:
     generator_cores: float = float("nan")
     resolver_cores: float = float("nan")
     resolver_sys_cores: float = float("nan")  # of which in the kernel (sending, receiving)
+    # Time the resolver's loop thread was ready to run but waited for a CPU, per second: what
+    # a loaded machine adds to every answer's latency, whatever the resolver does.
+    resolver_wait_cores: float = float("nan")
     upstream_cores: float = float("nan")
     system_busy_cores: float = float("nan")
     softirq_cores: float = float("nan")
@@ -169,7 +173,7 @@ def sandgate_run(bs: BenchStack, load: Load, work: Path) -> DnsRun:
         timeout=load.seconds + 30,
         label=f"bench dns {load.name}",
     )
-    with Sampler(pids) as sampler:
+    with Sampler(pids, extra=_waits(pids["resolver"])) as sampler:
         result = run_in(bs.stack, opts)
     run = DnsRun("sandgate", load.name)
     parse_dnsperf(out.read_text(), run)
@@ -211,7 +215,7 @@ def dnsmasq_run(bs: BenchStack, load: Load, work: Path, *, logging: bool = True)
         env = {**os.environ, "OUT": str(out)}
         args = dnsperf_args("", load, str(qfile))
         del args[1:3]
-        with Sampler(pids) as sampler:
+        with Sampler(pids, extra=_waits(proc.pid)) as sampler:
             done = spawn(
                 ["ip", "netns", "exec", bs.client_ns, "bash", str(work / "wrap.sh"), server, *args],
                 env=env,
@@ -232,10 +236,25 @@ def _cpu(run: DnsRun, sampler: Sampler, start: float, end: float, gen_cpu: float
     w = sampler.window(start, end)
     run.resolver_cores = w.get("resolver_cores", float("nan"))
     run.resolver_sys_cores = w.get("resolver_sys_cores", float("nan"))
+    run.resolver_wait_cores = w.get("resolver_wait_cores", float("nan"))
     run.upstream_cores = w.get("upstream_cores", float("nan"))
     run.system_busy_cores = w["system_busy_cores"]
     run.softirq_cores = w["softirq_cores"]
     run.generator_cores = gen_cpu / max(end - start, 1e-9)
+
+
+def _waits(pid: int) -> dict[str, Callable[[], tuple[float, float]]]:
+    """The Sampler's extra reading: the run-queue wait of ``pid``'s main thread (the resolver's
+    event loop; dnsmasq's only thread), from /proc/PID/schedstat's second field (ns)."""
+
+    def read() -> tuple[float, float]:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                return int(f.read().split()[1]) / 1e9, 0.0
+        except (OSError, ValueError, IndexError):
+            return 0.0, 0.0
+
+    return {"resolver_wait": read}
 
 
 def _slug(name: str) -> str:

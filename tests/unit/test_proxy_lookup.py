@@ -7,10 +7,18 @@ from ipaddress import IPv4Address, IPv6Address
 import dns.message
 import dns.rrset
 
-from sandgate.gateway.proxy.lookup import Lookups, addresses_and_ttl
+from sandgate.gateway.dns.dnslogic import Addresses, read_addresses
+from sandgate.gateway.proxy.lookup import Lookups
 
 
-def reply(name: str, ttl: int, *addresses: str, cname_ttl: int | None = None) -> bytes:
+def reply(name: str, ttl: int, *addresses: str, cname_ttl: int | None = None) -> Addresses:
+    """What the resolver hands the proxy for such an upstream reply (read once, there)."""
+    found = read_addresses(wire(name, ttl, *addresses, cname_ttl=cname_ttl))
+    assert found is not None
+    return found
+
+
+def wire(name: str, ttl: int, *addresses: str, cname_ttl: int | None = None) -> bytes:
     q = dns.message.make_query(name, "A")
     r = dns.message.make_response(q)
     target = name + "."
@@ -33,7 +41,7 @@ class Clock:
 def test_an_answer_is_kept_for_its_ttl_and_asked_again_after() -> None:
     clock, asked = Clock(), []
 
-    def ask(name: str) -> bytes:
+    def ask(name: str) -> Addresses:
         asked.append(name)
         return reply(name, 30, "203.0.113.7", "203.0.113.8")
 
@@ -51,7 +59,7 @@ def test_an_answer_is_kept_for_its_ttl_and_asked_again_after() -> None:
 def test_empty_and_missing_answers_are_not_kept() -> None:
     asked: list[str] = []
 
-    def ask(name: str) -> bytes | None:
+    def ask(name: str) -> Addresses | None:
         asked.append(name)
         return None if name == "gone.example" else reply(name, 300)
 
@@ -63,10 +71,8 @@ def test_empty_and_missing_answers_are_not_kept() -> None:
 
 
 def test_the_ttl_is_capped_and_a_cname_bounds_it() -> None:
-    assert addresses_and_ttl(reply("a.example", 600, "203.0.113.1", cname_ttl=5)) == (
-        [IPv4Address("203.0.113.1")],
-        5.0,
-    )
+    found = reply("a.example", 600, "203.0.113.1", cname_ttl=5)
+    assert (found.found, found.ttl) == ((IPv4Address("203.0.113.1"),), 5)
     clock, asked = Clock(), []
     lookups = Lookups(
         lambda n: asked.append(n) or reply(n, 86400, "203.0.113.1"), cap=60, clock=clock
@@ -75,7 +81,7 @@ def test_the_ttl_is_capped_and_a_cname_bounds_it() -> None:
     clock.now += 61
     lookups("a.example")
     assert len(asked) == 2
-    assert addresses_and_ttl(b"\x00garbage") == ([], 0.0)
+    assert read_addresses(b"\x00garbage") is None
 
 
 def test_a_name_with_only_aaaa_gives_its_ipv6_addresses() -> None:
@@ -85,5 +91,10 @@ def test_a_name_with_only_aaaa_gives_its_ipv6_addresses() -> None:
     q = dns.message.make_query("v6only.example.net", "AAAA")
     r = dns.message.make_response(q)
     r.answer.append(dns.rrset.from_text("v6only.example.net.", 60, "IN", "AAAA", "2001:db8::10"))
-    found, ttl = addresses_and_ttl(r.to_wire())
-    assert found == [IPv6Address("2001:db8::10")] and ttl == 60.0
+    found = read_addresses(r.to_wire())
+    assert found is not None and found.nodata
+    assert found.found == (IPv6Address("2001:db8::10"),) and found.ttl == 60
+    clock = Clock()
+    assert Lookups(lambda n: found, clock=clock)("v6only.example.net") == [
+        IPv6Address("2001:db8::10")
+    ]

@@ -567,40 +567,41 @@ def address_query(name: str, qid: int, qtype: dns.rdatatype.RdataType = A) -> by
     return msg.to_wire()
 
 
-def nodata(wire: bytes) -> bool:
-    """A NOERROR answer without address records (the name exists, not with this type)."""
-    try:
-        return dns.message.from_wire(wire).rcode() == dns.rcode.NOERROR
-    except (dns.exception.DNSException, ValueError):
-        return False
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def aaaa_records(wire: bytes) -> list[ipaddress.IPv6Address]:
-    """The IPv6 addresses an answer gives."""
+@dataclass(frozen=True)
+class Addresses:
+    """What an upstream answer says about a name's addresses: read once, for the resolver's
+    own lookups and for the proxy, which keeps them for ``ttl`` (gateway/proxy/lookup.py)."""
+
+    found: tuple[Address, ...]  # the IN A and AAAA records of the answer section, in order
+    ttl: int  # the smallest TTL in the answer section (a CNAME on the way bounds it); 0: none
+    rcode: int
+
+    @property
+    def nodata(self) -> bool:
+        """NOERROR without an A record: the name exists, maybe with other types."""
+        return self.rcode == dns.rcode.NOERROR and not any(
+            isinstance(a, ipaddress.IPv4Address) for a in self.found
+        )
+
+
+def read_addresses(wire: bytes) -> Addresses | None:
+    """The addresses an answer gives (CNAME chains are already flattened upstream), or None
+    when it cannot be read. A and AAAA records of another class than IN are opaque data to
+    dnspython and not addresses; their TTL still bounds the answer's."""
     try:
         msg = dns.message.from_wire(wire)
     except (dns.exception.DNSException, ValueError):
-        return []
-    return [
-        ipaddress.IPv6Address(r.address)
-        for rrset in msg.answer
-        if rrset.rdtype == AAAA and rrset.rdclass == dns.rdataclass.IN
-        for r in rrset
-    ]
-
-
-def a_records(wire: bytes) -> list[ipaddress.IPv4Address]:
-    """The IPv4 addresses an answer gives (CNAME chains are already flattened upstream)."""
-    try:
-        msg = dns.message.from_wire(wire)
-    except (dns.exception.DNSException, ValueError):
-        return []
-    return [
-        ipaddress.IPv4Address(r.address)
-        for rrset in msg.answer
-        if rrset.rdtype == A and rrset.rdclass == dns.rdataclass.IN  # else opaque data
-        for r in rrset
-    ]
+        return None
+    found: list[Address] = []
+    ttl: int | None = None
+    for rrset in msg.answer:
+        ttl = rrset.ttl if ttl is None else min(ttl, rrset.ttl)
+        if rrset.rdclass == dns.rdataclass.IN and rrset.rdtype in (A, AAAA):
+            found.extend(ipaddress.ip_address(r.address) for r in rrset)
+    return Addresses(tuple(found), ttl if found and ttl is not None else 0, msg.rcode())
 
 
 def local_answer(q: Question, address: str, ttl: int = 60) -> bytes:

@@ -16,17 +16,19 @@ into one event with ``count`` (``flush_log``, which the attributor calls before 
 rounds). Questions that miss the cache are read and answered by dnslogic's fast readers when
 they have the common shape (dnspython otherwise). Answers that need pins wait for the end of
 the loop's pass, when one write per guest, TTL and pin sets pins the whole burst.
-Measured 2026-12-01 (bench/run foundation --only dns): a cached answer 14-15 µs CPU all told,
-of which ~9 in the kernel (52 µs before); an uncached one ~190 µs.
+Measured 2026-12-01 (bench/run foundation --only dns): a cached answer 12-14 µs CPU all told,
+of which ~7 in the kernel (52 µs before); an uncached one ~150 µs (was ~170), of which
+~65 in Python (~45 the question, its verdicts and its event, ~20 the store's row: see
+bench/resolverloop.py) and the rest the kernel's sends and the loop. The tail under load is the
+machine's: the loop's worst stalls hold under ~1.3 ms of its own CPU, and the bench's
+``resolver_wait_cores`` shows it waiting 0.3-0.6 s a second for a core on this 2-core host.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import math
-import socket
 import struct
 import sys
 import time
@@ -38,7 +40,7 @@ from typing import Any
 
 from sandgate.events.schema import Category, Event, FlowKey, FrozenDetails, Kind
 from sandgate.gateway.dns import dnslogic
-from sandgate.gateway.dns.upstream import Upstream
+from sandgate.gateway.dns.upstream import Upstream, grow_rcvbuf
 from sandgate.net.compile import GuestLink
 from sandgate.policy import dnsnames
 from sandgate.policy.decide import Decision, Reason, allow, decide_answer, deny
@@ -49,9 +51,6 @@ CACHE_MAX = 50_000
 TTL_CAP = 300
 TCP_IDLE = 10.0
 PROXY_LOOKUP_TIMEOUT = 6.0
-# Room for a burst of ~20k small queries while the loop is busy elsewhere (the store's flush):
-# the default (~200 KB) holds only a few hundred datagrams.
-UDP_RCVBUF = 8 << 20
 DNS_CATEGORY = Category.DNS.value
 
 PinTags = tuple[str, ...]  # the pin sets (policy/pins.py) an answer's addresses join
@@ -167,6 +166,8 @@ class _Repeat:
 
 class _Reloaded(Exception):
     """The guest's policy changed while its question was with the upstream."""
+
+
 Reply = Callable[[bytes | None], None]  # the answer for the guest; None: no answer at all
 
 
@@ -198,7 +199,7 @@ class Resolver:
         guest.udp, _ = await loop.create_datagram_endpoint(
             lambda: _UdpServer(self, guest), local_addr=(addr, 53), reuse_port=False
         )
-        _grow_rcvbuf(guest.udp.get_extra_info("socket"))
+        grow_rcvbuf(guest.udp.get_extra_info("socket"))
         guest.tcp = await asyncio.start_server(
             lambda r, w: self._tcp_client(guest, r, w), host=addr, port=53, reuse_address=True
         )
@@ -215,11 +216,12 @@ class Resolver:
         """The loop the proxy's lookups (from its threads) are handed to."""
         self._loop = loop
 
-    def answer_blocking(self, name: str) -> bytes | None:
-        """The upstream's reply for ``name``, from a proxy thread (the proxy keeps its addresses
-        for the reply's TTL: gateway/proxy/lookup.py); None: no reply. The reply to an A
-        question, or for a name that has no A record (but exists) to an AAAA one, which the
-        proxy's decide() allows only where the uplink has IPv6 (deny.ipv6 says so elsewhere)."""
+    def answer_blocking(self, name: str) -> dnslogic.Addresses | None:
+        """The upstream's addresses for ``name``, from a proxy thread (the proxy keeps them for
+        the answer's TTL: gateway/proxy/lookup.py); None: no readable reply. Those of an A
+        question, or for a name that has no A record (but exists) of an AAAA one, which the
+        proxy's decide() allows only where the uplink has IPv6 (deny.ipv6 says so elsewhere).
+        The reply is read once, here (dnslogic.read_addresses), for both sides."""
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(self._answer(name), self._loop)
         try:
@@ -227,13 +229,14 @@ class Resolver:
         except (TimeoutError, OSError):
             return None
 
-    async def _answer(self, name: str) -> bytes | None:
+    async def _answer(self, name: str) -> dnslogic.Addresses | None:
         try:
             reply = await self.upstream.ask(dnslogic.address_query(name, self.upstream.new_id()))
-            if not dnslogic.a_records(reply) and dnslogic.nodata(reply):
+            found = dnslogic.read_addresses(reply)
+            if found is not None and found.nodata:
                 query = dnslogic.address_query(name, self.upstream.new_id(), dnslogic.AAAA)
-                return await self.upstream.ask(query)
-            return reply
+                return dnslogic.read_addresses(await self.upstream.ask(query))
+            return found
         except (TimeoutError, OSError):
             return None
 
@@ -563,7 +566,7 @@ class Resolver:
                 entry = r.entry
                 details = entry.details(cached=True)
                 event = _event(r.guest, r.client, r.proto, entry.name, entry.decision, details)
-                self._emit(key, dataclasses.replace(event, ts=r.ts, count=r.count))
+                self._emit(key, event.but(ts=r.ts, count=r.count))
 
     async def _tcp_client(
         self, guest: GuestDNS, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -609,18 +612,6 @@ class _UdpServer(asyncio.DatagramProtocol):
 
 
 # What the upstream said (None when it said nothing: then the error says why).
-
-
-def _grow_rcvbuf(sock: Any) -> None:
-    """A large receive buffer for a listener (the gateway is root: past rmem_max if need be)."""
-    if sock is None:
-        return
-    for option in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, option, UDP_RCVBUF)
-            return
-        except OSError:
-            continue
 
 
 def _entry(

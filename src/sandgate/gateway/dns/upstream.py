@@ -7,12 +7,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import socket
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 UPSTREAM_TIMEOUT = 2.0
+# Room for a burst of ~20k small datagrams while the loop is busy elsewhere (a GC pass, the
+# store's flush): the default (~200 KB) holds only a few hundred, and on the upstream socket a
+# dropped answer costs the guest UPSTREAM_TIMEOUT and a SERVFAIL.
+UDP_RCVBUF = 8 << 20
 SWEEP_INTERVAL = 0.25  # how often questions past their upstream deadline are looked for
 
 Answered = Callable[[bytes | None, BaseException | None], None]
@@ -57,6 +63,7 @@ class Upstream:
             self._transport, _ = await loop.create_datagram_endpoint(
                 lambda: _UpstreamProtocol(self._received), local_addr=("0.0.0.0", 0)
             )
+            grow_rcvbuf(self._transport.get_extra_info("socket"))
 
     def send(self, query: bytes, done: Answered) -> None:
         """Ask the servers in turn; ``done`` gets the first answer, or None and why."""
@@ -155,6 +162,18 @@ class Upstream:
             self._sweep = None
         if self._transport is not None:
             self._transport.close()
+
+
+def grow_rcvbuf(sock: Any) -> None:
+    """A large receive buffer for a UDP socket (the gateway is root: past rmem_max if need be)."""
+    if sock is None:
+        return
+    for option in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, UDP_RCVBUF)
+            return
+        except OSError:
+            continue
 
 
 class _UpstreamProtocol(asyncio.DatagramProtocol):

@@ -151,6 +151,5 @@ def _with(event: Event, sender: _Sender) -> Event:
     details = {**event.details, **sender.extra} if sender.extra else event.details
     process = sender.extra.get("process")
     pid = process.get("pid") if isinstance(process, dict) else None
-    return dataclasses.replace(
-        event, uid=sender.uid, details=details, pid=pid if isinstance(pid, int) else event.pid
-    )
+    pid = pid if isinstance(pid, int) else event.pid
+    return event.but(uid=sender.uid, details=details, pid=pid)

@@ -14,40 +14,29 @@ import ipaddress
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-
-import dns.exception
-import dns.message
-import dns.rdataclass
-import dns.rdatatype
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 TTL_CAP = 300.0  # seconds: an answer is kept at most this long, whatever its TTL says
 NAMES = 4096  # answers kept (LRU)
 
-# name -> the upstream's reply for it (wire: to an A question, or to AAAA for a name with no A
-# record), or None (timeout, no reply)
-Ask = Callable[[str], "bytes | None"]
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def addresses_and_ttl(wire: bytes) -> tuple[list[Address], float]:
-    """The A and AAAA records of a reply and the smallest TTL of its answer section ([], 0 if
-    none)."""
-    try:
-        msg = dns.message.from_wire(wire)
-    except (dns.exception.DNSException, ValueError):
-        return [], 0.0
-    found: list[Address] = []
-    ttls: list[int] = []
-    for rrset in msg.answer:
-        ttls.append(rrset.ttl)  # a CNAME on the way bounds the answer too
-        if rrset.rdclass != dns.rdataclass.IN:
-            continue
-        if rrset.rdtype == dns.rdatatype.A:
-            found.extend(ipaddress.IPv4Address(r.address) for r in rrset)
-        elif rrset.rdtype == dns.rdatatype.AAAA:
-            found.extend(ipaddress.IPv6Address(r.address) for r in rrset)
-    return found, float(min(ttls)) if found else 0.0
+class Found(Protocol):
+    """What the resolver read from the upstream's reply (gateway/dns/dnslogic.py
+    ``Addresses``): the reply is parsed once, there, not again here."""
+
+    @property
+    def found(self) -> Sequence[Address]: ...
+
+    @property
+    def ttl(self) -> int: ...
+
+
+# name -> the addresses the upstream gave (to an A question, or to AAAA for a name with no A
+# record), or None (timeout, no readable reply)
+Ask = Callable[[str], "Found | None"]
 
 
 class Lookups:
@@ -78,9 +67,9 @@ class Lookups:
                 self._held.move_to_end(key)
                 return list(held[1])
         self.asked += 1
-        wire = self._ask(key)
-        found, ttl = addresses_and_ttl(wire) if wire else ([], 0.0)
-        ttl = min(ttl, self._cap)
+        answer = self._ask(key)
+        found = list(answer.found) if answer is not None else []
+        ttl = min(float(answer.ttl), self._cap) if found and answer is not None else 0.0
         if found and ttl > 0:
             with self._lock:
                 self._held[key] = (now + ttl, found)

@@ -1,0 +1,216 @@
+"""The resolver alone on loopback: CPU per question, what the store costs, and the loop's stalls.
+
+``PYTHONPATH=src:. python -m bench.resolverloop [ROUNDS]`` (root: the resolver listens on port
+53; needs dnsperf and dnsmasq, as bench/run foundation does; nothing but 127.9.0.0/16 on lo).
+The resolver runs in this process as the gateway runs it (uvloop, a real event sink and hash-
+chained store on its writer thread, the attributor); dnsmasq answers the bench zone upstream
+at 127.9.1.2 and dnsperf asks from outside, so this process's CPU is the resolver's alone. Per
+round, interleaved:
+
+- ``uncached``: every question a new name, as fast as answers come (``-q 200``);
+- ``uncached, no store``: the same with the store's write skipped: what the row costs;
+- ``cached 20k``: one name offered at 20,000/s, with the loop's stalls: each 1 ms tick's wall
+  gap beside this thread's own CPU in it (a gap without CPU is a wait for a core).
+
+No namespaces, no sandbox, no nftables: beside ``bench/run foundation --only dns`` this leaves
+out the veth and the guest's netfilter, so it shows the Python work, and changes to it, with
+less noise. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import re
+import resource
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from ipaddress import IPv4Network
+from pathlib import Path
+from typing import Any
+
+from bench.stack import dnsmasq_argv
+from sandgate.events.schema import Event, FlowKey
+from sandgate.events.store import Store
+from sandgate.gateway.dns.resolver import GuestDNS, Resolver
+from sandgate.gateway.sink import EventSink
+from sandgate.net.compile import GuestLink
+from sandgate.policy.load import parse_policy
+
+UPSTREAM = "127.9.1.2"
+LINK = GuestLink.from_pool(IPv4Network("127.9.0.0/24"), 0, "02:00:00:00:00:03")
+ZONE = "bench.test"
+PUBLIC = (IPv4Network("198.51.100.0/24"),)  # the upstream's answers (TEST-NET-2) count as public
+PROFILE = parse_policy(b'[profiles.p]\ninternet = "open"\n', "bench.toml").profile(
+    "p", public_override=PUBLIC, gateway_address=LINK.gateway
+)
+SECONDS = 3.0
+UID = 61000
+
+
+@contextmanager
+def _upstream() -> Iterator[None]:
+    argv = dnsmasq_argv(UPSTREAM, f"--address=/{ZONE}/198.51.100.7", "--local-ttl=300")
+    argv.remove("--except-interface=lo")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def _percentiles(text: str) -> tuple[float, float]:
+    lat = sorted(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("> ") and not line.startswith("> T ")
+    )
+    if not lat:
+        return float("nan"), float("nan")
+    return lat[len(lat) // 2] * 1e3, lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3
+
+
+async def _round(load: str, work: Path) -> dict[str, Any]:
+    cached = load.startswith("cached")
+    store = Store(work / f"events-{secrets.token_hex(3)}.db")
+    if load.endswith("no store"):
+        store.add = lambda events: len(list(events))  # type: ignore[method-assign]
+    sink = EventSink(store, lambda guest: "bench", lambda guest: False, lambda k, u, t: None)
+    attributor = sink.attributor
+    submit = attributor.submit
+
+    def with_sender(key: FlowKey, event: Event, now: float) -> None:
+        # dnsperf's sockets, as the guest's uid log reports them in a sandbox
+        if key not in attributor._senders:
+            attributor.sender(key, UID, now)
+        submit(key, event, now)
+
+    attributor.submit = with_sender  # type: ignore[method-assign]
+    resolver = Resolver([UPSTREAM], sink.flow, lambda *a: 300)
+    attributor.before.append(resolver.flush_log)
+    loop = asyncio.get_running_loop()
+    resolver.bind(loop)
+    sink.bind(loop)
+    guest = GuestDNS(LINK, "bench", PROFILE, "p")
+    await resolver.start_guest(guest)
+
+    async def ticker() -> None:  # the gateway's (server.py _ticker)
+        while True:
+            await asyncio.sleep(0.1)
+            attributor.tick(time.monotonic())
+            sink.flush(wait=False)
+
+    stalls: list[tuple[float, float]] = []
+
+    async def ticks() -> None:
+        last, cpu = time.perf_counter(), time.thread_time()
+        while True:
+            await asyncio.sleep(0.001)
+            now, c = time.perf_counter(), time.thread_time()
+            stalls.append((now - last, c - cpu))
+            last, cpu = now, c
+
+    pauses: list[float] = []
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                pauses.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_gc)
+    gc.collect()
+    gc.freeze()  # as the gateway does before READY (server.py)
+    tasks = [asyncio.ensure_future(ticker())]
+    if cached:
+        tasks.append(asyncio.ensure_future(ticks()))
+    names = work / "q.txt"
+    if cached:
+        names.write_text(f"example.{ZONE} A\n")
+    else:
+        tag = secrets.token_hex(3)
+        names.write_text("".join(f"q{i}.{tag}.{ZONE} A\n" for i in range(int(40_000 * SECONDS))))
+    args = ["dnsperf", "-s", str(LINK.gateway), "-d", str(names), "-l", f"{SECONDS:g}", "-t", "2"]
+    args += ["-c", "4", "-v"] + (["-q", "1000", "-Q", "20000"] if cached else ["-q", "200"])
+    args += [] if cached else ["-n", "1"]
+    before, asked = resource.getrusage(resource.RUSAGE_SELF), resolver.questions
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    after, answered = resource.getrusage(resource.RUSAGE_SELF), resolver.questions - asked
+    for task in tasks:
+        task.cancel()
+    gc.callbacks.remove(on_gc)
+    await asyncio.sleep(0.2)
+    attributor.tick(time.monotonic() + 10)  # as the gateway's flush op: the repeats counted too
+    sink.flush()
+    Resolver.close_listeners(guest)
+    gc.unfreeze()
+    text = out.decode()
+    found = re.search(r"Queries per second:\s+([0-9.]+)", text)
+    lost = re.search(r"Queries lost:\s+([0-9]+)", text)
+    p50, p99 = _percentiles(text)
+    n = max(answered, 1)
+    stored = None
+    if not load.endswith("no store"):
+        stored = store._db.execute("SELECT sum(count) FROM events").fetchone()[0]
+    store.close()
+    worst = max(stalls, default=(0.0, 0.0))
+    return {
+        "load": load,
+        "answered": answered,
+        "stored": stored,
+        "qps": float(found.group(1)) if found else float("nan"),
+        "lost": int(lost.group(1)) if lost else None,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "cpu_us_per_query": (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        / n
+        * 1e6,
+        "sys_us_per_query": (after.ru_stime - before.ru_stime) / n * 1e6,
+        "gc_full_passes": len(pauses),
+        "gc_full_max_ms": max(pauses, default=0.0) * 1e3,
+        "worst_stall_ms": worst[0] * 1e3 if cached else None,
+        "worst_stall_own_cpu_ms": worst[1] * 1e3 if cached else None,
+        "stalls_over_5ms": sum(1 for wall, _ in stalls if wall > 0.005) if cached else None,
+    }
+
+
+async def _main(rounds: int) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sg-resolverloop-") as d, _upstream():
+        for _ in range(rounds):
+            for load in ("uncached", "uncached, no store", "cached 20k"):
+                runs.append(await _round(load, Path(d)))
+    summary: dict[str, Any] = {}
+    for load in dict.fromkeys(r["load"] for r in runs):
+        mine = [r for r in runs if r["load"] == load]
+        summary[load] = {
+            "cpu_us_per_query_median": statistics.median(r["cpu_us_per_query"] for r in mine),
+            "qps_median": statistics.median(r["qps"] for r in mine),
+        }
+    return {"load_average": os.getloadavg(), "summary": summary, "runs": runs}
+
+
+def main() -> None:
+    import uvloop
+
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result = runner.run(_main(rounds))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

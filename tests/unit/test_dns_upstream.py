@@ -1,0 +1,70 @@
+"""The resolver's upstream socket holds a burst of answers that arrives while the loop is busy
+(a GC pass, a large batch of questions): a dropped answer costs a guest two seconds and a
+SERVFAIL (issue 13: the bench's uncached runs lost answers this way). Real UDP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from sandgate.gateway.dns import upstream as up
+
+SERVER = "127.0.53.1"  # the upstream asks port 53: binding it needs root
+BURST = 3000
+
+
+def _burst_server(sock: socket.socket, ready: threading.Event) -> None:
+    """Collect BURST questions, then answer them all at once (echo with QR set)."""
+    got = []
+    ready.set()
+    while len(got) < BURST:
+        data, addr = sock.recvfrom(512)
+        got.append((data, addr))
+    for data, addr in got:
+        sock.sendto(data[:2] + bytes([data[2] | 0x80]) + data[3:] + bytes(60), addr)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="binds port 53")
+def test_a_burst_of_answers_while_the_loop_is_busy_is_not_dropped() -> None:
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    server.bind((SERVER, 53))
+    ready = threading.Event()
+    thread = threading.Thread(target=_burst_server, args=(server, ready), daemon=True)
+    thread.start()
+    ready.wait(5)
+
+    async def main() -> int:
+        u = up.Upstream([SERVER])
+        await u.open()
+        answered = 0
+        done = asyncio.Event()
+
+        def one(reply: bytes | None, error: BaseException | None) -> None:
+            nonlocal answered
+            answered += reply is not None
+            if answered == BURST:
+                done.set()
+
+        for i in range(BURST):
+            query = u.new_id().to_bytes(2, "big") + b"\x01\x00\x00\x01" + bytes(6)
+            query += b"\x01q" + str(i).encode().rjust(5, b"0") + b"\x00\x00\x01\x00\x01"
+            u.send(query, one)
+        # The loop is busy while every answer arrives (the server sends them in a burst).
+        thread.join(5)
+        time.sleep(0.3)
+        with contextlib.suppress(TimeoutError):  # under the upstream timeout (2 s)
+            await asyncio.wait_for(done.wait(), 1.5)
+        u.close()
+        return answered
+
+    try:
+        assert asyncio.run(main()) == BURST
+    finally:
+        server.close()
