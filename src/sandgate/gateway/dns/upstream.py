@@ -1,18 +1,22 @@
 """Asking the gateway's upstream resolvers: UDP with retries to the next server, TCP when an
 answer is truncated. Questions wait as callbacks keyed by query id (no task per question), with
-one sweep for those past their deadline; ``ask`` wraps that for code that wants to await."""
+one sweep for those past their deadline; ``ask`` wraps that for code that wants to await.
+
+An answer is taken only from the server asked, from port 53, with the question asked, and ids
+are random: an off-path sender that spoofs the server must guess the id for every packet."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import random
+import secrets
 import socket
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from sandgate.gateway.dns.dnslogic import qname_end
 
 UPSTREAM_TIMEOUT = 2.0
 # Room for a burst of ~20k small datagrams while the loop is busy elsewhere (a GC pass, the
@@ -45,16 +49,16 @@ class Upstream:
         self.servers = servers
         self._transport: asyncio.DatagramTransport | None = None
         self._waiting: dict[int, _Asked] = {}
-        self._ids = itertools.count(random.randrange(1 << 16))
         self._sweep: asyncio.TimerHandle | None = None
         self._tcp_tasks: set[asyncio.Future[None]] = set()
 
     def new_id(self) -> int:
-        for _ in range(1 << 16):
-            qid = next(self._ids) & 0xFFFF
-            if qid not in self._waiting:
-                return qid
-        raise OSError("too many upstream questions in flight")
+        """A random id no question in flight has (sequential ones are guessed)."""
+        if len(self._waiting) >= 60_000:
+            raise OSError("too many upstream questions in flight")
+        while (qid := secrets.randbits(16)) in self._waiting:
+            pass
+        return qid
 
     async def open(self) -> None:
         """Make the socket (before the first question: ``send`` does not wait for it)."""
@@ -121,12 +125,16 @@ class Upstream:
         if self._waiting and self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._expire)
 
-    def _received(self, data: bytes) -> None:
-        if len(data) < 2:
+    def _received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if len(data) < 12:
             return
-        asked = self._waiting.pop(int.from_bytes(data[:2], "big"), None)
-        if asked is None:
+        qid = int.from_bytes(data[:2], "big")
+        asked = self._waiting.get(qid)
+        # Anything else is dropped and the question keeps waiting: a spoofed packet must not
+        # cost the real answer.
+        if asked is None or addr[:2] != (asked.server, 53) or not same_question(asked.query, data):
             return
+        del self._waiting[qid]
         if len(data) > 2 and data[2] & 0x02:  # TC: ask again over TCP
             task = asyncio.ensure_future(self._tcp_then(asked))
             self._tcp_tasks.add(task)
@@ -164,6 +172,17 @@ class Upstream:
             self._transport.close()
 
 
+def same_question(query: bytes, answer: bytes) -> bool:
+    """Whether ``answer`` is to ``query``'s question: one question, the same name (any case),
+    type and class. Our queries write the name out in full; so do answers to them."""
+    end = qname_end(query)
+    return (
+        end > 0
+        and answer[4:6] == b"\x00\x01"
+        and answer[12 : end + 4].lower() == query[12 : end + 4].lower()
+    )
+
+
 def grow_rcvbuf(sock: Any) -> None:
     """A large receive buffer for a UDP socket (the gateway is root: past rmem_max if need be)."""
     if sock is None:
@@ -177,8 +196,8 @@ def grow_rcvbuf(sock: Any) -> None:
 
 
 class _UpstreamProtocol(asyncio.DatagramProtocol):
-    def __init__(self, received: Callable[[bytes], None]) -> None:
+    def __init__(self, received: Callable[[bytes, tuple[str, int]], None]) -> None:
         self.received = received
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.received(data)
+        self.received(data, addr)
