@@ -17,7 +17,7 @@ def main() -> Any:
     code = fast_main(sys.argv[1:])
     if code is not None:
         sys.exit(code)
-    from sandgate.cli import main as typer_main
+    from sandgate.cli import typer_main
 
     return typer_main()
 

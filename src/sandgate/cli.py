@@ -1470,6 +1470,17 @@ def approve(
 
 
 def main() -> Any:
+    """An entry point from before ``sandgate.__main__:main`` (issue 13): typer is imported by
+    now, but a run it reads still skips typer's parsing and pydantic."""
+    from sandgate.runcli import fast_main
+
+    code = fast_main(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    return typer_main()
+
+
+def typer_main() -> Any:
     try:
         return app()
     except KeyboardInterrupt:
