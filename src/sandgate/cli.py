@@ -107,16 +107,9 @@ def _write_suite_html(path: Path, result: Any) -> None:
 
 
 def _fail(exc: SandgateError, code: int = 2) -> None:
-    from sandgate.session.tasks import TaskFileError
+    from sandgate.runcli import print_error
 
-    if isinstance(exc, PolicyError):
-        kind = "task file error" if isinstance(exc, TaskFileError) else "policy error"
-        err.print(f"[red]{kind}[/red]")
-        err.print(str(exc), highlight=False, markup=False)
-    else:
-        err.print(f"[red]sandgate:[/red] {exc.message}", highlight=False)
-        if exc.fix:
-            err.print(f"  fix: {exc.fix}", highlight=False)
+    print_error(exc)
     raise typer.Exit(code)
 
 
@@ -135,25 +128,25 @@ def _session_row(store: Any, session: str) -> Any:
 
 
 def _size(text: str, flag: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    from sandgate.runcli import size_option
+
+    return cast(int, _typer_bad(size_option, text, flag))
+
+
+def _typer_bad(check: Any, *args: Any) -> Any:
+    """``check(*args)`` (sandgate/runcli.py, typer-free) with its BadOption as typer's."""
+    from sandgate.runcli import BadOption
+
     try:
-        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
-        raise typer.BadParameter(
-            f"{text!r}: write a size such as 512M or 2G", param_hint=flag
-        ) from None
-    if value < 1 << 20:
-        raise typer.BadParameter(f"{text!r} is less than 1M", param_hint=flag)
-    return value
+        return check(*args)
+    except BadOption as exc:
+        raise typer.BadParameter(exc.message, param_hint=exc.hint) from None
 
 
 def _mode(value: str | None) -> str | None:
-    if value is not None and value not in ("locked", "open", "allowlist"):
-        raise typer.BadParameter(
-            f"{value!r}: choose locked, open or allowlist", param_hint="--mode"
-        )
-    return value
+    from sandgate.runcli import mode_option
+
+    return cast("str | None", _typer_bad(mode_option, value))
 
 
 # --- per-session resource limits (sandbox/limits.py) ---
@@ -177,20 +170,9 @@ WorldModelOpt = Annotated[
 
 
 def _limits(pids: str | None, memory: str | None, cpus: str | None) -> Any:
-    from sandgate.policy.limits import LimitError, Limits, parse_cpus, parse_pids, parse_size
+    from sandgate.runcli import limits_option
 
-    parsers = (
-        ("--pids", pids, parse_pids),
-        ("--memory", memory, parse_size),
-        ("--cpus", cpus, parse_cpus),
-    )
-    values: list[Any] = []
-    for flag, text, parse in parsers:
-        try:
-            values.append(None if text is None else parse(text))
-        except LimitError as exc:
-            raise typer.BadParameter(str(exc), param_hint=flag) from None
-    return Limits(*values)
+    return _typer_bad(limits_option, pids, memory, cpus)
 
 
 # --- end limits ---
@@ -203,30 +185,10 @@ def _vm_options(
     uid: int | None,
     own: tuple[Path | None, Path | None, Path | None, bool] = (None, None, None, False),
 ) -> Any:
-    """--vm [--nic tap|none]; with --uid the command runs as that uid in the guest, else root.
-    ``own``: --image DISK [--kernel K --initrd I] [--cloud-init] (bring your own guest)."""
-    disk_path, kernel, initrd, cloud_init = own
-    if not vm:
-        if nic != "tap":
-            raise typer.BadParameter("--nic applies to --vm guests only", param_hint="--nic")
-        if disk_path or kernel or initrd or cloud_init:
-            raise typer.BadParameter("--image/--kernel/--initrd/--cloud-init need --vm")
-        return None
-    from sandgate.vm.disk import ImageOptions
-    from sandgate.vm.launch import BOOT_TIMEOUT, VmOptions
+    """--vm [--nic tap|none] [--image DISK ...]: sandgate/runcli.py's vm_option."""
+    from sandgate.runcli import vm_option
 
-    if nic not in ("tap", "none"):
-        raise typer.BadParameter(f"{nic!r}: use tap or none", param_hint="--nic")
-    if disk_path is None and (kernel or initrd or cloud_init):
-        raise typer.BadParameter("--kernel/--initrd/--cloud-init go with --image DISK")
-    image = None if disk_path is None else ImageOptions(disk_path, kernel, initrd, cloud_init)
-    return VmOptions(
-        nic="tap" if nic == "tap" else "none",
-        as_uid=uid is not None,
-        # A cloud image boots a whole distribution (systemd, cloud-init) under TCG: minutes.
-        boot_timeout=BOOT_TIMEOUT if image is None else 2 * BOOT_TIMEOUT,
-        image=image,
-    )
+    return _typer_bad(vm_option, vm, nic, uid, own)
 
 
 # --- end VM guests ---
@@ -322,84 +284,12 @@ def run(
     ] = False,
 ) -> None:
     """Run one command in a fresh sandbox behind the gateway; print what it reached for."""
-    from sandgate.session.timings import Timings, cpu_now, since_process_start
+    # The body is sandgate/runcli.py's, shared with `python -m sandgate run`'s fast path
+    # (issue 13: that path reads these options without typer; its test compares the two).
+    options = dict(locals())
+    from sandgate.runcli import run_command
 
-    clock = Timings()
-    clock.add("python start, CLI imports, options", since_process_start() or 0.0, cpu_now())
-    with clock.phase("imports of run"):
-        from sandgate.sandbox.workspace import WorkspaceSpec
-        from sandgate.session.runner import RunOptions
-        from sandgate.session.runner import run as run_session
-
-    if world not in (None, "test"):
-        raise typer.BadParameter("the only world is 'test'", param_hint="--world")
-    extra_env = {}
-    for item in env or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"{item!r}: write NAME=VALUE", param_hint="--env")
-        extra_env[key] = value
-    if keep_writes and home_template is None:
-        raise typer.BadParameter(
-            "--keep-writes writes the home's changes back to --home-template: give one",
-            param_hint="--keep-writes",
-        )
-    for flag, folder in (("--fixtures", fixtures), ("--home-template", home_template)):
-        if folder is not None and not folder.is_dir():
-            raise typer.BadParameter(f"{folder} is not a directory", param_hint=flag)
-    opts = RunOptions(
-        command=command,
-        policy=policy,
-        profile=profile,
-        mode=_mode(mode) or ("allowlist" if ask else None),
-        allow=allow or (),
-        deny=deny or (),
-        world=world,
-        workdir=workdir,
-        timeout=timeout,
-        ask=ask,
-        uid=uid,
-        env=extra_env,
-        instance=instance,
-        space=WorkspaceSpec(
-            fixtures=fixtures,
-            home_template=home_template,
-            copy_links=copy_links,
-            disk=_size(disk, "--disk"),
-            keep_writes=keep_writes,
-        ),
-        capture=not sys.stdin.isatty(),
-        notify=notify,
-        limits=_limits(pids, memory, cpus),
-        vm=_vm_options(vm, nic, uid, (vm_image, vm_kernel, vm_initrd, cloud_init)),
-        timings=clock,
-    )
-    try:
-        result = run_session(opts)
-    except SandgateError as exc:
-        _fail(exc)
-        return
-    if result.message:
-        err.print(f"[yellow]sandgate:[/yellow] {result.message}", highlight=False)
-    with clock.phase("render"):
-        if json_out:
-            print(
-                json.dumps(
-                    {
-                        "session": result.session,
-                        "exit_code": result.exit_code,
-                        **result.report.as_json(),
-                        **({"timings": clock.as_json()} if timings else {}),
-                    }
-                )
-            )
-        elif not quiet:
-            from sandgate.report.render import print_report
-
-            print_report(result.report)
-    if timings and not json_out:
-        sys.stderr.write("\n".join(["sandgate: timings", *clock.lines()]) + "\n")
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(_typer_bad(lambda: run_command(**options)))
 
 
 @app.command()
@@ -1580,6 +1470,17 @@ def approve(
 
 
 def main() -> Any:
+    """An entry point from before ``sandgate.__main__:main`` (issue 13): typer is imported by
+    now, but a run it reads still skips typer's parsing and pydantic."""
+    from sandgate.runcli import fast_main
+
+    code = fast_main(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    return typer_main()
+
+
+def typer_main() -> Any:
     try:
         return app()
     except KeyboardInterrupt:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +28,27 @@ def test_the_run_path_imports_neither_the_claim_reader_nor_asyncio() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_add_guest_answers_what_the_runner_read_from_the_file(tmp_path: Path) -> None:
+    """noexec and [limits] come in add_guest's answer (so a run loads no policy): the values
+    the runner took from the file's profile itself before, defaults for a flags-only one."""
+    from sandgate.gateway.lifecycle import _session_settings
+    from sandgate.policy.limits import Limits
+    from sandgate.policy.load import load_policy
+
+    f = tmp_path / "p.toml"
+    f.write_text(
+        '[profiles.coder]\ninternet = "locked"\nnoexec = false\n'
+        '[profiles.coder.limits]\npids = 512\nmemory = "2G"\n'
+        '[profiles.plain]\ninternet = "open"\n'
+    )
+    policy = load_policy(str(f))
+    for name in ("coder", "plain", "nosuch"):
+        spec = policy.file.profiles.get(name)  # what runner._noexec / _cgroup read
+        got = _session_settings(policy, name)
+        assert got["noexec"] == (spec is None or spec.noexec)
+        assert Limits(**got["limits"]) == (spec.limits.limits() if spec else Limits())
+    assert _session_settings(policy, "coder")["limits"] == {
+        "pids": 512, "memory": 2 << 30, "cpus": None
+    }  # fmt: skip

@@ -276,6 +276,9 @@ class Lifecycle:
             "secrets": sandbox_view(guest.proxy.secrets if guest.proxy else ()),
             "model_hosts": profile.model_hosts(),
             "host_loopback": [f"{link.gateway}:{p}" for p in _loopback_ports(profile)],
+            # The file's profile, as the runner read it before: noexec and [limits] (so a
+            # `run` loads no policy of its own, issue 13)
+            **_session_settings(policy, profile.name),
             "timing_ms": t.ms,
         }
 
@@ -782,6 +785,16 @@ def _apply_in_place(cmds: list[dict[str, Any]]) -> None:
         nft.run(batch(*cmds))
     finally:
         nft.close_soon()  # freeing it waits ~11 ms in the kernel: not on the join's path
+
+
+def _session_settings(policy: Policy, name: str) -> dict[str, Any]:
+    """What the runner sets up around the sandbox from the file's profile ``name``: noexec
+    writable places, and the ``[limits]`` table (unset ones: None). No such profile in the
+    file (a profile made from flags): noexec and no limits, as the runner did itself."""
+    spec = policy.file.profiles.get(name)
+    if spec is None:
+        return {"noexec": True, "limits": {"pids": None, "memory": None, "cpus": None}}
+    return {"noexec": spec.noexec, "limits": dataclasses.asdict(spec.limits.limits())}
 
 
 def _loopback_ports(profile: Profile) -> tuple[int, ...]:

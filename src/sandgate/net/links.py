@@ -18,11 +18,13 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sandgate.errors import NetError
 from sandgate.net import ns
-from sandgate.net.compile import GuestLink
+
+if TYPE_CHECKING:  # the compiler pulls in policy/ and pydantic, which `run` does not need
+    from sandgate.net.compile import GuestLink
 
 GUEST_IFNAME = "eth0"
 

@@ -23,12 +23,14 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from queue import SimpleQueue
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sandgate.errors import NetError
+
+if TYPE_CHECKING:  # made on first use: concurrent.futures brings logging (~12 ms a run)
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 
@@ -162,6 +164,8 @@ class NsThread:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        from concurrent.futures import Future
+
         self._queue: SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = SimpleQueue()
         ready: Future[None] = Future()
         self._thread = threading.Thread(
@@ -187,6 +191,8 @@ class NsThread:
                 fut.set_exception(exc)
 
     def call(self, fn: Callable[[], T]) -> T:
+        from concurrent.futures import Future
+
         fut: Future[T] = Future()
         self._queue.put((fn, fut))
         return fut.result()

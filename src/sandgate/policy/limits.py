@@ -1,8 +1,10 @@
-"""Per-session resource limits as data: sizes, CPU counts, and the policy's ``limits`` table.
+"""Per-session resource limits as data: sizes and CPU counts (the policy's ``limits`` table
+is ``model.LimitsSpec``, read with these functions).
 
-Pure (no kernel): the CLI, the policy loader and sandbox/limits.py (which applies them through
-cgroups) all read limits through these functions, so ``--memory 2G`` and ``memory = "2G"`` in a
-profile mean the same bytes.
+Pure (no kernel, and no pydantic: `sandgate run` imports this module, and pydantic costs
+~100 ms CPU to import, issue 13). The CLI, the policy loader and sandbox/limits.py (which
+applies them through cgroups) all read limits through these functions, so ``--memory 2G``
+and ``memory = "2G"`` in a profile mean the same bytes.
 
     [profiles.coder.limits]
     pids = 512          # processes and threads, all together
@@ -14,8 +16,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_PIDS = 1024
 MIN_MEMORY = 1 << 20  # below a MiB nothing starts; say so instead of trying
@@ -107,31 +107,3 @@ class Limits:
             memory=None if memory is None else parse_size(memory),
             cpus=None if cpus is None else parse_cpus(cpus),
         )
-
-
-class LimitsSpec(BaseModel):
-    """``[profiles.X.limits]``: any of pids, memory, cpus (the rest: the run's or defaults)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    pids: int | None = Field(default=None, description="processes and threads together")
-    memory: int | None = Field(default=None, description='bytes, or a size such as "2G"')
-    cpus: float | None = Field(default=None, description="cores' worth of CPU time, e.g. 1.5")
-
-    @field_validator("pids", mode="before")
-    @classmethod
-    def _pids(cls, v: object) -> object:
-        return v if v is None else parse_pids(v)  # type: ignore[arg-type]
-
-    @field_validator("memory", mode="before")
-    @classmethod
-    def _memory(cls, v: object) -> object:
-        return v if v is None else parse_size(v)  # type: ignore[arg-type]
-
-    @field_validator("cpus", mode="before")
-    @classmethod
-    def _cpus(cls, v: object) -> object:
-        return v if v is None else parse_cpus(v)  # type: ignore[arg-type]
-
-    def limits(self) -> Limits:
-        return Limits(self.pids, self.memory, self.cpus)

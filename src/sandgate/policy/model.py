@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
 from sandgate.policy.httprules import RequestRule, RequestRuleError, parse_request_rule
-from sandgate.policy.limits import LimitsSpec
+from sandgate.policy.limits import Limits, parse_cpus, parse_pids, parse_size
 from sandgate.policy.patterns import DomainPattern, PatternError, parse_pattern
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -464,6 +464,34 @@ class TunnelLimits(_Strict):
     idle_seconds: float = Field(default=300, gt=0)
     max_seconds: float = Field(default=86400, gt=0)
     max_bytes: int | None = Field(default=None, gt=0, description="both directions together")
+
+
+class LimitsSpec(BaseModel):
+    """``[profiles.X.limits]``: any of pids, memory, cpus (the rest: the run's or defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pids: int | None = Field(default=None, description="processes and threads together")
+    memory: int | None = Field(default=None, description='bytes, or a size such as "2G"')
+    cpus: float | None = Field(default=None, description="cores' worth of CPU time, e.g. 1.5")
+
+    @field_validator("pids", mode="before")
+    @classmethod
+    def _pids(cls, v: object) -> object:
+        return v if v is None else parse_pids(v)  # type: ignore[arg-type]
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v: object) -> object:
+        return v if v is None else parse_size(v)  # type: ignore[arg-type]
+
+    @field_validator("cpus", mode="before")
+    @classmethod
+    def _cpus(cls, v: object) -> object:
+        return v if v is None else parse_cpus(v)  # type: ignore[arg-type]
+
+    def limits(self) -> Limits:
+        return Limits(self.pids, self.memory, self.cpus)
 
 
 class ProfileSpec(_Strict):

@@ -14,9 +14,6 @@ from typing import Any
 
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event
-from sandgate.policy.load import load_policy
-from sandgate.policy.model import Mode
-from sandgate.policy.reach import decide_reach
 from sandgate.sandbox.bwrap import SANDBOX_WORK
 from sandgate.sandbox.tree import Entry
 from sandgate.session.claims import Evidence, FileFact, Finding
@@ -84,6 +81,12 @@ def reach_by_policy(
     (with the addresses the session's DNS gave for it) under the guest's effective profile:
     the same file, profile, mode, --allow/--deny and test-world "internet" the gateway was
     given. None when the profile cannot be built: the check then says nothing about reach."""
+    # Here, not at the top: the runner imports this module for file_facts on every run, and
+    # policy/ brings pydantic (~100 ms CPU) that a run with an empty answer never needs.
+    from sandgate.policy.load import load_policy
+    from sandgate.policy.model import Mode
+    from sandgate.policy.reach import decide_reach
+
     try:
         prof = load_policy(policy).profile(
             profile,

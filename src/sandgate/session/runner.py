@@ -25,9 +25,7 @@ from sandgate import cleanup
 from sandgate.errors import SandboxError, SandgateError
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store, home_of
-from sandgate.gateway.integrity import alarm
 from sandgate.policy.limits import Limits, format_size
-from sandgate.policy.load import load_policy
 from sandgate.report.session import SessionReport, build_report
 from sandgate.sandbox import bwrap, limits, privilege
 from sandgate.sandbox.launch import (
@@ -124,7 +122,11 @@ def run(opts: RunOptions) -> RunResult:
         preflight()
     # Validate the policy before anything is built: a broken file changes nothing.
     with t.phase("policy check"):
-        if opts.policy is not None or opts.world is None:
+        # On a running gateway without --policy there is no file of ours to check, and the
+        # gateway answers for its profile: no policy/ (pydantic, ~100 ms CPU) in this process.
+        if opts.policy is not None or (opts.world is None and opts.instance is None):
+            from sandgate.policy.load import load_policy
+
             load_policy(opts.policy)
     if opts.vm is not None:
         from sandgate.vm import launch as vm_launch
@@ -371,6 +373,8 @@ def _retain(store: str | None, sid: str) -> None:
 def notify(target: str, payload: dict[str, Any]) -> None:
     """--notify: run the command (payload in $SANDGATE_ALARM) or POST to the URL; a failure
     to notify is said on stderr and never changes the session's outcome."""
+    from sandgate.gateway.integrity import alarm
+
     problem = alarm(target, payload)
     if problem:
         sys.stderr.write(f"sandgate: --notify {target!r} failed: {problem}\n")
@@ -445,15 +449,25 @@ def _policy_of(stack: Stack, opts: RunOptions) -> str | None:
 def _noexec(stack: Stack, box: Sandbox, guest: dict[str, Any], opts: RunOptions) -> None:
     """Writable places are noexec unless the profile opts out (issue 14: a process identity
     is worth little if the agent can write its own executable, or preload a library)."""
-    profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
-    if (profile is None or profile.noexec) and box.space is not None:
+    noexec = guest.get("noexec")
+    if noexec is None:  # a gateway from before it said so
+        from sandgate.policy.load import load_policy
+
+        profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
+        noexec = profile is None or profile.noexec
+    if noexec and box.space is not None:
         box.space.noexec()
 
 
 def _cgroup(stack: Stack, sid: str, guest: dict[str, Any], opts: RunOptions) -> limits.Cgroup:
     """The session's cgroup: the run's limits over the profile's, over the defaults."""
-    profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
-    wanted = opts.limits.over(profile.limits.limits() if profile else Limits())
+    if "limits" in guest:  # the profile's [limits], as the gateway read its file
+        wanted = opts.limits.over(Limits(**guest["limits"]))
+    else:  # a gateway from before it said so
+        from sandgate.policy.load import load_policy
+
+        profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
+        wanted = opts.limits.over(profile.limits.limits() if profile else Limits())
     name = limits.PREFIX + sid
     cleanup.own(name)  # before it exists: a crash in between leaves it to `sandgate cleanup`
     try:

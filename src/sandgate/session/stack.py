@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandgate import cleanup, pids
 from sandgate.errors import SandgateError
@@ -29,8 +29,10 @@ from sandgate.gateway import manage
 from sandgate.gateway.config import GatewayConfig, run_dir
 from sandgate.gateway.manage import GatewayHandle
 from sandgate.net.links import Uplink
-from sandgate.policy.load import Policy, load_policy
 from sandgate.world.topology import TestWorld, WorldInfo
+
+if TYPE_CHECKING:  # policy/ brings pydantic: a run on a running gateway loads no policy
+    from sandgate.policy.load import Policy
 
 
 @dataclass
@@ -193,6 +195,8 @@ def check_world_model(name: str | None) -> str | None:
 def gateway_policy(path: str | None, info: WorldInfo | None) -> Policy:
     """The policy whose ``[gateway]`` wires a new gateway: the named one, else the test
     world's own, else the built-in default."""
+    from sandgate.policy.load import load_policy
+
     if path is not None:
         return load_policy(path)
     return load_policy(info.policy if info is not None else None)

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from sandgate.net import ns
 from sandgate.net.links import Uplink
-from sandgate.world.fixtures import build_fixtures
 from sandgate.world.servers.launch import Running, start
 
 if TYPE_CHECKING:
@@ -189,6 +188,9 @@ class TestWorld:
             for k in ("dns", "web", "model", "nas", "openai", "tripwires", "probe")
         }
         self.api_key = "sk-world-" + secrets.token_hex(20)
+        # Imported here: zipfile and the rest cost a run on a running gateway ~10 ms (issue 13).
+        from sandgate.world.fixtures import build_fixtures
+
         build_fixtures(self.base)
         self._start_servers(ca, ca_dir, logs, wan, model, nas)
         policy = self.base / "testworld.toml"
