@@ -22,7 +22,7 @@ from pathlib import Path
 from sandgate import cleanup
 from sandgate.errors import SandboxError, SetupError
 from sandgate.net import ns
-from sandgate.sandbox import bwrap, privilege
+from sandgate.sandbox import bwrap, enter, privilege
 from sandgate.sandbox.workspace import SESSIONS_ROOT, Workspace, WorkspaceSpec
 
 CA_VARS = (
@@ -198,20 +198,23 @@ class Sandbox:
         stop: threading.Event | None = None,
         capture: Path | None = None,
         echo: bool = True,
-        prefix: Sequence[str] = (),
+        cgroups: Sequence[str] = (),
+        oom_score: int | None = None,
     ) -> int:
         """Run the sandboxed command. Returns its exit status (124 when it ran out of time, 143
         when ``stop`` was set). With ``capture`` its output also goes to that file (bounded).
-        ``prefix`` runs first and execs the rest (limits.py: joining the session's cgroup)."""
+        The process joins ``cgroups`` (cgroup.procs files) before it execs (enter.py)."""
         found = bwrap.find_command(spec.command[0]) if spec.command else None
         if found is None:
             raise CommandNotFound(spec.command[0] if spec.command else "")
         pump: threading.Thread | None = None
-        argv = [*prefix, *bwrap.argv(spec)]
+        entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)
+        argv = bwrap.bwrap_argv(spec)
         if capture is None:
-            self.proc = subprocess.Popen(argv, start_new_session=True)
+            self.proc = enter.popen(entry, argv, start_new_session=True)
         else:
-            self.proc = subprocess.Popen(
+            self.proc = enter.popen(
+                entry,
                 argv,
                 start_new_session=True,
                 stdout=subprocess.PIPE,

@@ -3,8 +3,9 @@
 One cgroup per session, ``sandgate-<session>`` (in every v1 controller's hierarchy, or once in
 v2), holding a pids limit, a memory limit with swap off for it, a CPU quota (``--cpus``) and an
 I/O weight where the kernel offers one. The sandbox's first process joins it before it execs
-(``prefix_argv``: a root shell writes its own pid into ``cgroup.procs`` and raises its OOM score,
-then execs nsenter), so nothing the sandbox starts is ever outside. The gateway daemon gets a
+(enter.py, between fork and exec of bwrap; ``prefix_argv``, a root shell writing its own pid into
+``cgroup.procs`` and raising its OOM score, for a VM's QEMU), so nothing the sandbox starts is
+ever outside. The gateway daemon gets a
 cgroup of its own (``sandgate-gw-<instance>``) with reserved memory and an OOM score of -900.
 
 A limit that cannot be applied (controller absent, no delegation) is a ``LimitsError`` naming
@@ -119,8 +120,13 @@ class Cgroup:
             'echo "$1" > /proc/self/oom_score_adj || exit 125; shift; '
             'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
         )
-        files = [str(d / "cgroup.procs") for d in self.dirs]
-        return ["/bin/sh", "-c", script, "sandgate-limits", str(oom_score), *files, "--"]
+        return ["/bin/sh", "-c", script, "sandgate-limits", str(oom_score), *self.procs, "--"]
+
+    @property
+    def procs(self) -> tuple[str, ...]:
+        """The cgroup.procs file of each of the session's cgroups (what a joining process
+        writes itself into; enter.py does it between fork and exec for a sandbox)."""
+        return tuple(str(d / "cgroup.procs") for d in self.dirs)
 
     def as_json(self) -> dict[str, Any]:
         return {

@@ -222,7 +222,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     opts.stop,
                     capture=keep / "output.log" if opts.capture else None,
                     echo=opts.echo,
-                    prefix=cgroup.prefix_argv(),
+                    cgroups=cgroup.procs,
+                    oom_score=limits.SANDBOX_OOM_SCORE,
                 )
             if exit_code == 124 and opts.timeout:
                 message = f"timed out after {opts.timeout:g} s; the sandbox was killed"

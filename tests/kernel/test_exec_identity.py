@@ -1,0 +1,238 @@
+"""The one-step exec (sandbox/enter.py) makes the same sandboxed process the old chain made.
+
+The chain was ``sh`` (OOM score, cgroup join) → nsenter → setpriv → bwrap; now the runner's
+child does those steps itself and execs bwrap. Both start the same bwrap command in the same
+namespace and cgroup; every process of the tree (the outer bwrap, bwrap as pid 1, the command)
+must be the same as seen from the host (ids, groups, every capability set, no_new_privs,
+seccomp, netns, cgroups, OOM score, session) and from inside (``id``, /proc/self/status).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from sandgate.errors import SandboxError
+from sandgate.net import ns
+from sandgate.policy.limits import Limits
+from sandgate.sandbox import bwrap, enter, limits
+
+pytestmark = [
+    pytest.mark.kernel,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
+    pytest.mark.skipif(
+        not all(shutil.which(t) for t in ("nsenter", "setpriv", "bwrap")),
+        reason="needs nsenter, setpriv and bwrap",
+    ),
+]
+
+T = TypeVar("T")
+UID = 61077
+EXTRA_GROUP = 4242
+CAP_NET_RAW = 13
+SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
+FIELDS = (
+    "Uid",
+    "Gid",
+    "Groups",
+    "CapInh",
+    "CapPrm",
+    "CapEff",
+    "CapBnd",
+    "CapAmb",
+    "NoNewPrivs",
+    "Seccomp",
+    "Seccomp_filters",
+)
+INSIDE = (
+    "id; grep -E '^(Uid|Gid|Groups|Cap...|NoNewPrivs|Seccomp.*):' /proc/self/status; "
+    "readlink /proc/self/ns/net; echo READY; read _; exit 0"
+)
+
+
+@dataclass
+class Place:
+    netns: str
+    cgroup: limits.Cgroup
+    base: Path
+
+    def spec(self) -> bwrap.SandboxSpec:
+        return bwrap.SandboxSpec(
+            netns=ns.path(self.netns),
+            uid=UID,
+            gid=UID,
+            command=("/bin/sh", "-c", INSIDE),
+            workdir=self.base / "work",
+            home=self.base / "home",
+        )
+
+
+@pytest.fixture
+def place() -> Iterator[Place]:
+    name = f"sg-exid-{os.getpid() % 100000}"
+    cg_name = f"sandgate-exid-{os.getpid() % 100000}"
+    base = Path(tempfile.mkdtemp(prefix="sg-exid-", dir="/var/tmp"))
+    os.chmod(base, 0o711)
+    for d in ("work", "home"):
+        (base / d).mkdir(mode=0o700)
+        os.chown(base / d, UID, UID)
+    ns.create(name)
+    cg = limits.create(cg_name, Limits(pids=64, memory=128 << 20))
+    try:
+        yield Place(name, cg, base)
+    finally:
+        cg.remove()
+        ns.remove(name)
+        shutil.rmtree(base)
+
+
+def _status(pid: int) -> dict[str, str]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = " ".join(value.split())
+    return {k: fields.get(k, "") for k in FIELDS}
+
+
+def _identity(pid: int) -> dict[str, str]:
+    """What the process is, as the host sees it."""
+    out = _status(pid)
+    out["comm"] = Path(f"/proc/{pid}/comm").read_text().strip()
+    out["netns"] = os.readlink(f"/proc/{pid}/ns/net")
+    own_userns = os.readlink("/proc/self/ns/user")
+    out["host userns"] = str(os.readlink(f"/proc/{pid}/ns/user") == own_userns)
+    out["cgroup"] = Path(f"/proc/{pid}/cgroup").read_text()
+    out["oom_score_adj"] = Path(f"/proc/{pid}/oom_score_adj").read_text().strip()
+    out["session leader"] = str(os.getsid(pid) == pid)
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    """The process and its first descendants (outer bwrap → bwrap as pid 1 → the command)."""
+    chain = [pid]
+    while kids := Path(f"/proc/{chain[-1]}/task/{chain[-1]}/children").read_text().split():
+        chain.append(int(kids[0]))
+    return chain
+
+
+def observe(proc: subprocess.Popen[bytes]) -> dict[str, object]:
+    assert proc.stdout is not None and proc.stdin is not None
+    inside: list[str] = []
+    while (line := proc.stdout.readline().decode().strip()) != "READY":
+        assert line or proc.poll() is None, f"the sandbox ended early: {inside}"
+        inside.append(line)
+    deadline = time.monotonic() + 10
+    while len(tree := _tree(proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seen = {"inside": inside, "tree": [_identity(p) for p in tree]}
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+    return seen
+
+
+def old_chain(place: Place) -> subprocess.Popen[bytes]:
+    """What the runner started before: the cgroup shell, then nsenter, setpriv, bwrap."""
+    argv = [*place.cgroup.prefix_argv(limits.SANDBOX_OOM_SCORE), *bwrap.argv(place.spec())]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+    return subprocess.Popen(argv, start_new_session=True, **pipes)  # type: ignore[call-overload]
+
+
+def one_step(place: Place) -> subprocess.Popen[bytes]:
+    spec = place.spec()
+    entry = enter.Entry(spec.netns, UID, UID, place.cgroup.procs, limits.SANDBOX_OOM_SCORE)
+    return enter.popen(
+        entry,
+        bwrap.bwrap_argv(spec),
+        start_new_session=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
+
+
+def with_more_to_drop(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on a thread holding a supplementary group and an inheritable capability
+    (credentials are per thread in the kernel; raw syscalls change only this one), so a path
+    that forgets to clear either shows it: the test process itself has neither."""
+
+    def run() -> T:
+        libc = _libc()
+        gids = (ctypes.c_uint * 1)(EXTRA_GROUP)
+        assert libc.syscall(SYS_SETGROUPS[os.uname().machine], 1, gids) == 0
+        header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()
+        assert libc.capget(ctypes.byref(header), data) == 0
+        data[0].inheritable |= 1 << CAP_NET_RAW
+        assert libc.capset(ctypes.byref(header), data) == 0
+        mine = Path("/proc/thread-self/status").read_text()
+        assert f"Groups:\t{EXTRA_GROUP}" in mine and "CapInh:\t0000000000002000" in mine
+        return fn()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
+def test_one_step_gives_the_sandbox_the_identity_the_chain_gave(place: Place) -> None:
+    before = with_more_to_drop(lambda: observe(old_chain(place)))
+    now = with_more_to_drop(lambda: observe(one_step(place)))
+    assert now == before
+    # And what that identity is, so two equally wrong paths do not pass.
+    host = os.readlink("/proc/self/ns/net")
+    tree = now["tree"]
+    assert isinstance(tree, list) and [p["comm"] for p in tree] == ["bwrap", "bwrap", "sh"]
+    ids = f"{UID} {UID} {UID} {UID}"
+    for proc in tree:
+        assert proc["Uid"] == proc["Gid"] == ids
+        assert proc["Groups"] == ""
+        assert proc["NoNewPrivs"] == "1"
+        assert proc["CapInh"] == proc["CapPrm"] == proc["CapEff"] == proc["CapAmb"]
+        assert proc["CapEff"] == "0000000000000000"
+        assert proc["CapBnd"] == "0000000000000000"
+        assert proc["netns"] != host
+        assert proc["oom_score_adj"] == str(limits.SANDBOX_OOM_SCORE)
+        for line in proc["cgroup"].splitlines():
+            if any(c in line.split(":")[1].split(",") for c in place.cgroup.hierarchy.dirs):
+                assert line.endswith(place.cgroup.name), line
+    assert tree[0]["host userns"] == "True" and tree[0]["session leader"] == "True"
+    target = os.stat(ns.path(place.netns)).st_ino
+    assert all(p["netns"] == f"net:[{target}]" for p in tree)
+    inside = now["inside"]
+    assert isinstance(inside, list) and inside[-1] == f"net:[{target}]"
+    assert inside[0].startswith(f"uid={UID}") and f" gid={UID}" in inside[0], inside[0]
+
+
+def test_a_step_that_fails_is_named_and_nothing_runs(place: Place, tmp_path: Path) -> None:
+    not_a_netns = tmp_path / "plain-file"
+    not_a_netns.write_text("")
+    spec = place.spec()
+    fds = len(os.listdir("/proc/self/fd"))
+    entry = enter.Entry(str(not_a_netns), UID, UID, place.cgroup.procs)
+    with pytest.raises(SandboxError, match="entering the guest's network namespace"):
+        enter.popen(entry, bwrap.bwrap_argv(spec))
+    missing = enter.Entry("/run/netns/sg-exid-none", UID, UID)
+    with pytest.raises(SandboxError, match=r"network namespace .*sg-exid-none"):
+        enter.popen(missing, bwrap.bwrap_argv(spec))
+    assert len(os.listdir("/proc/self/fd")) == fds  # no descriptor left open
+    # The failed child had joined the cgroup before it failed; it is gone now.
+    assert not limits.populated(place.cgroup.name)
