@@ -236,3 +236,41 @@ def test_a_step_that_fails_is_named_and_nothing_runs(place: Place, tmp_path: Pat
     assert len(os.listdir("/proc/self/fd")) == fds  # no descriptor left open
     # The failed child had joined the cgroup before it failed; it is gone now.
     assert not limits.populated(place.cgroup.name)
+
+
+STATE = """#!/bin/sh
+grep -E '^(Uid|Gid|Groups|Cap...|NoNewPrivs|Seccomp.*):' /proc/self/status
+readlink /proc/self/ns/net
+cat /proc/self/cgroup /proc/self/oom_score_adj
+"""
+
+
+def test_bwrap_starts_with_the_credentials_setpriv_gave_it(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bwrap itself sets no_new_privs and clears capabilities, which hides a step the path
+    forgot: a stand-in ``bwrap`` first on PATH prints the state it was started in."""
+    fake = place.base / "bin"
+    fake.mkdir(mode=0o755)
+    (fake / "bwrap").write_text(STATE)
+    os.chmod(fake / "bwrap", 0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+
+    def state(start: Callable[[Place], subprocess.Popen[bytes]]) -> list[str]:
+        out, _ = start(place).communicate(timeout=10)
+        return out.decode().splitlines()
+
+    before = with_more_to_drop(lambda: state(old_chain))
+    now = with_more_to_drop(lambda: state(one_step))
+    assert now == before
+    for line in (
+        f"Uid:\t{UID}\t{UID}\t{UID}\t{UID}",
+        f"Gid:\t{UID}\t{UID}\t{UID}\t{UID}",
+        "Groups:\t ",
+        "NoNewPrivs:\t1",
+        f"net:[{os.stat(ns.path(place.netns)).st_ino}]",
+        str(limits.SANDBOX_OOM_SCORE),
+    ):
+        assert line in now
+    assert all(x.endswith("0000000000000000") for x in now if x.startswith("Cap"))
+    assert sum(x.endswith(f"/{place.cgroup.name}") for x in now) == len(place.cgroup.procs)
