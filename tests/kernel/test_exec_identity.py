@@ -148,16 +148,28 @@ def old_chain(place: Place) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, start_new_session=True, **pipes)  # type: ignore[call-overload]
 
 
-def one_step(place: Place) -> subprocess.Popen[bytes]:
+def one_step(place: Place, use_helper: bool) -> subprocess.Popen[bytes]:
     spec = place.spec()
     entry = enter.Entry(spec.netns, UID, UID, place.cgroup.procs, limits.SANDBOX_OOM_SCORE)
     return enter.popen(
         entry,
         bwrap.bwrap_argv(spec),
+        use_helper=use_helper,
         start_new_session=True,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
+
+
+# sandgate-enter (vfork + exec of the C helper), and the runner's own fork where it cannot be built
+WAYS = [pytest.param(True, id="helper"), pytest.param(False, id="fork")]
+
+
+@pytest.fixture(params=WAYS)
+def use_helper(request: pytest.FixtureRequest) -> bool:
+    if request.param and enter.helper() is None:
+        pytest.skip("sandgate-enter cannot be built here (no C compiler)")
+    return bool(request.param)
 
 
 def _libc() -> ctypes.CDLL:
@@ -193,9 +205,11 @@ def with_more_to_drop(fn: Callable[[], T]) -> T:
         return pool.submit(run).result()
 
 
-def test_one_step_gives_the_sandbox_the_identity_the_chain_gave(place: Place) -> None:
+def test_one_step_gives_the_sandbox_the_identity_the_chain_gave(
+    place: Place, use_helper: bool
+) -> None:
     before = with_more_to_drop(lambda: observe(old_chain(place)))
-    now = with_more_to_drop(lambda: observe(one_step(place)))
+    now = with_more_to_drop(lambda: observe(one_step(place, use_helper)))
     assert now == before
     # And what that identity is, so two equally wrong paths do not pass.
     host = os.readlink("/proc/self/ns/net")
@@ -222,17 +236,19 @@ def test_one_step_gives_the_sandbox_the_identity_the_chain_gave(place: Place) ->
     assert inside[0].startswith(f"uid={UID}") and f" gid={UID}" in inside[0], inside[0]
 
 
-def test_a_step_that_fails_is_named_and_nothing_runs(place: Place, tmp_path: Path) -> None:
+def test_a_step_that_fails_is_named_and_nothing_runs(
+    place: Place, tmp_path: Path, use_helper: bool
+) -> None:
     not_a_netns = tmp_path / "plain-file"
     not_a_netns.write_text("")
     spec = place.spec()
     fds = len(os.listdir("/proc/self/fd"))
     entry = enter.Entry(str(not_a_netns), UID, UID, place.cgroup.procs)
     with pytest.raises(SandboxError, match="entering the guest's network namespace"):
-        enter.popen(entry, bwrap.bwrap_argv(spec))
+        enter.popen(entry, bwrap.bwrap_argv(spec), use_helper=use_helper)
     missing = enter.Entry("/run/netns/sg-exid-none", UID, UID)
     with pytest.raises(SandboxError, match=r"network namespace .*sg-exid-none"):
-        enter.popen(missing, bwrap.bwrap_argv(spec))
+        enter.popen(missing, bwrap.bwrap_argv(spec), use_helper=use_helper)
     assert len(os.listdir("/proc/self/fd")) == fds  # no descriptor left open
     # The failed child had joined the cgroup before it failed; it is gone now.
     assert not limits.populated(place.cgroup.name)
@@ -246,7 +262,7 @@ cat /proc/self/cgroup /proc/self/oom_score_adj
 
 
 def test_bwrap_starts_with_the_credentials_setpriv_gave_it(
-    place: Place, monkeypatch: pytest.MonkeyPatch
+    place: Place, monkeypatch: pytest.MonkeyPatch, use_helper: bool
 ) -> None:
     """bwrap itself sets no_new_privs and clears capabilities, which hides a step the path
     forgot: a stand-in ``bwrap`` first on PATH prints the state it was started in."""
@@ -256,12 +272,12 @@ def test_bwrap_starts_with_the_credentials_setpriv_gave_it(
     os.chmod(fake / "bwrap", 0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
 
-    def state(start: Callable[[Place], subprocess.Popen[bytes]]) -> list[str]:
-        out, _ = start(place).communicate(timeout=10)
+    def state(proc: subprocess.Popen[bytes]) -> list[str]:
+        out, _ = proc.communicate(timeout=10)
         return out.decode().splitlines()
 
-    before = with_more_to_drop(lambda: state(old_chain))
-    now = with_more_to_drop(lambda: state(one_step))
+    before = with_more_to_drop(lambda: state(old_chain(place)))
+    now = with_more_to_drop(lambda: state(one_step(place, use_helper)))
     assert now == before
     for line in (
         f"Uid:\t{UID}\t{UID}\t{UID}\t{UID}",
