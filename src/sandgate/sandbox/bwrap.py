@@ -72,14 +72,16 @@ def chain_argv(spec: SandboxSpec) -> list[str]:
     ]
 
 
-def bwrap_argv(spec: SandboxSpec) -> list[str]:
-    """bwrap and the command, run as the sandbox's uid inside the guest's network namespace."""
+def bwrap_argv(spec: SandboxSpec, block_fd: int | None = None) -> list[str]:
+    """bwrap and the command, run as the sandbox's uid inside the guest's network namespace.
+    With ``block_fd`` bwrap sets everything up, then waits for a byte there before the exec."""
     out = [
         "bwrap",
         "--unshare-all",
         "--share-net",
         "--die-with-parent",
         "--new-session",
+        *(["--block-fd", str(block_fd)] if block_fd is not None else []),
         "--cap-drop",
         "ALL",
         "--hostname",

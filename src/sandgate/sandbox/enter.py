@@ -119,7 +119,7 @@ def popen(
     if use_helper and found is None:
         raise SandboxError("sandgate-enter cannot be built here", "apt-get install gcc libc6-dev")
     if found is not None:
-        return _with_helper(found, entry, argv, kwargs)
+        return _with_helper(found, entry, argv, dict(kwargs))
     return _by_fork(entry, argv, kwargs)
 
 
@@ -129,11 +129,10 @@ def _with_helper(
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     oom = "-" if entry.oom_score is None else str(entry.oom_score)
     line = [found, str(err_w), entry.netns, str(entry.uid), str(entry.gid), oom]
+    keep = (err_w, *kwargs.pop("pass_fds", ()))
     try:
         try:
-            proc = subprocess.Popen(
-                [*line, *entry.cgroups, "--", *argv], pass_fds=(err_w,), **kwargs
-            )
+            proc = subprocess.Popen([*line, *entry.cgroups, "--", *argv], pass_fds=keep, **kwargs)
         finally:
             os.close(err_w)
         why = _read_all(err_r)  # end of file once bwrap runs; else the step that failed
@@ -180,6 +179,10 @@ def helper() -> str | None:
         if subprocess.run(build, capture_output=True, check=False).returncode == 0:
             os.chmod(partial, 0o755)
             os.replace(partial, target)  # atomic: a runner building beside us is harmless
+            for old in HELPER_DIR.glob("sandgate-enter-*"):  # builds of older sources
+                if old != target:
+                    with contextlib.suppress(OSError):
+                        old.unlink()
             return str(target)
     with contextlib.suppress(OSError):
         partial.unlink()

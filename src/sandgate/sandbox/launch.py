@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandgate import cleanup
 from sandgate.errors import SandboxError, SetupError
@@ -110,6 +111,8 @@ class Sandbox:
     proc: subprocess.Popen[bytes] | None = None
     output: Path | None = None  # where the command's output was captured, if it was
     bound: set[str] = field(default_factory=set)  # sandbox paths files were bound onto
+    _release: int | None = None  # write end of the pipe a started bwrap waits on
+    _pump: threading.Thread | None = None
 
     @property
     def workdir(self) -> Path:
@@ -191,6 +194,48 @@ class Sandbox:
         self.bound.update(out)
         return out
 
+    def start(
+        self,
+        spec: bwrap.SandboxSpec,
+        capture: Path | None = None,
+        echo: bool = True,
+        cgroups: Sequence[str] = (),
+        oom_score: int | None = None,
+    ) -> None:
+        """Set the sandbox up and hold it just before the command's exec, until ``run``.
+
+        The process joins ``cgroups`` (cgroup.procs files) and becomes the sandbox's uid
+        (enter.py), then bwrap makes its namespaces and mounts and waits on ``--block-fd``.
+        Most of that is waiting, not work (a cgroup v1 join waits out an RCU grace period,
+        5-17 ms here, and so do bwrap's namespaces): started early, it overlaps the runner's
+        own steps. Nothing of the command runs before ``run``; a runner that dies meanwhile
+        takes bwrap with it (--die-with-parent)."""
+        found = bwrap.find_command(spec.command[0]) if spec.command else None
+        if found is None:
+            raise CommandNotFound(spec.command[0] if spec.command else "")
+        entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)
+        hold, self._release = os.pipe2(os.O_CLOEXEC)
+        argv = bwrap.bwrap_argv(spec, block_fd=hold)
+        out: dict[str, Any] = (
+            {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if capture else {}
+        )
+        try:
+            self.proc = enter.popen(
+                entry, argv, start_new_session=True, pass_fds=(hold,), **out
+            )
+        except BaseException:
+            os.close(self._release)
+            self._release = None
+            raise
+        finally:
+            os.close(hold)
+        if capture is not None:
+            self.output = capture
+            self._pump = threading.Thread(
+                target=_pump, args=(self.proc, capture, echo), name="sandbox-output", daemon=True
+            )
+            self._pump.start()
+
     def run(
         self,
         spec: bwrap.SandboxSpec,
@@ -201,32 +246,16 @@ class Sandbox:
         cgroups: Sequence[str] = (),
         oom_score: int | None = None,
     ) -> int:
-        """Run the sandboxed command. Returns its exit status (124 when it ran out of time, 143
-        when ``stop`` was set). With ``capture`` its output also goes to that file (bounded).
-        The process joins ``cgroups`` (cgroup.procs files) before it execs (enter.py)."""
-        found = bwrap.find_command(spec.command[0]) if spec.command else None
-        if found is None:
-            raise CommandNotFound(spec.command[0] if spec.command else "")
-        pump: threading.Thread | None = None
-        entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)
-        argv = bwrap.bwrap_argv(spec)
-        if capture is None:
-            self.proc = enter.popen(entry, argv, start_new_session=True)
-        else:
-            self.proc = enter.popen(
-                entry,
-                argv,
-                start_new_session=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-            self.output = capture
-            pump = threading.Thread(
-                target=_pump, args=(self.proc, capture, echo), name="sandbox-output", daemon=True
-            )
-            pump.start()
+        """Run the sandboxed command (set up by ``start`` or now). Returns its exit status (124
+        when it ran out of time, 143 when ``stop`` was set). With ``capture`` its output also
+        goes to that file (bounded)."""
+        if self.proc is None:
+            self.start(spec, capture, echo, cgroups, oom_score)
+        assert self.proc is not None and self._release is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            with contextlib.suppress(BrokenPipeError):  # it died while held: its status says
+                os.write(self._release, b"g")
             while True:
                 try:
                     return self.proc.wait(timeout=0.2 if stop is not None else _left(deadline))
@@ -237,21 +266,27 @@ class Sandbox:
                         return 124
         finally:
             self.kill()
-            if pump is not None:
-                pump.join(timeout=5)
+            if self._pump is not None:
+                self._pump.join(timeout=5)
 
     def kill(self) -> None:
         """Kill the sandboxed process group (by the pid we started), if it still runs."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            deadline = time.monotonic() + 2
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                time.sleep(0.02)
-            if self.proc.poll() is not None:
+        try:
+            if self.proc is None or self.proc.poll() is not None:
                 return
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, sig)
+                deadline = time.monotonic() + 2
+                while time.monotonic() < deadline and self.proc.poll() is None:
+                    time.sleep(0.02)
+                if self.proc.poll() is not None:
+                    return
+        finally:
+            # Only once it is dead: a held bwrap that reads end-of-file would run the command.
+            if self._release is not None and (self.proc is None or self.proc.poll() is not None):
+                os.close(self._release)
+                self._release = None
 
     def destroy(self) -> None:
         self.kill()

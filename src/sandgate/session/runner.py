@@ -179,6 +179,16 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         with t.phase("cgroup"):
             cgroup = _cgroup(stack, sid, guest, opts)
             start_details["limits"] = cgroup.as_json()
+        if vm is None:
+            with t.phase("sandbox set-up (held before exec)"), contextlib.suppress(CommandNotFound):
+                keep.mkdir(parents=True, exist_ok=True)  # run() says "not found" in its place
+                box.start(
+                    spec,
+                    capture=keep / "output.log" if opts.capture else None,
+                    echo=opts.echo,
+                    cgroups=cgroup.procs,
+                    oom_score=limits.SANDBOX_OOM_SCORE,
+                )
         with t.phase("drift snapshot before"):
             before, _ = _snapshot(stack, box)
         t_row = t.begin("session row")
