@@ -27,6 +27,7 @@ from sandgate.errors import SandboxError
 from sandgate.net import ns
 from sandgate.policy.limits import Limits
 from sandgate.sandbox import bwrap, enter, limits
+from sandgate.sandbox.launch import Sandbox
 
 pytestmark = [
     pytest.mark.kernel,
@@ -290,3 +291,51 @@ def test_bwrap_starts_with_the_credentials_setpriv_gave_it(
         assert line in now
     assert all(x.endswith("0000000000000000") for x in now if x.startswith("Cap"))
     assert sum(x.endswith(f"/{place.cgroup.name}") for x in now) == len(place.cgroup.procs)
+
+
+def _held_box(tmp: str) -> tuple[Sandbox, bwrap.SandboxSpec]:
+    box = Sandbox.create(f"exid-{tmp}", "exid", None, UID)
+    spec = bwrap.SandboxSpec(
+        netns=ns.path(box.netns),
+        uid=UID,
+        gid=UID,
+        command=("/bin/sh", "-c", "touch /work/ran"),
+        workdir=box.workdir,
+        home=box.home,
+    )
+    return box, spec
+
+
+def test_a_started_sandbox_runs_nothing_until_released() -> None:
+    box, spec = _held_box("held")
+    try:
+        box.start(spec)
+        assert box.proc is not None
+        time.sleep(0.3)  # bwrap set up and waiting (a held command would have run by now)
+        assert box.proc.poll() is None
+        assert [Path(f"/proc/{p}/comm").read_text().strip() for p in _tree(box.proc.pid)] == [
+            "bwrap",
+            "bwrap",
+        ]
+        assert not (box.workdir / "ran").exists()
+        assert box.run(spec, timeout=10) == 0
+        assert (box.workdir / "ran").exists()
+    finally:
+        box.destroy()
+
+
+def test_a_started_sandbox_that_is_killed_never_runs_its_command() -> None:
+    box, spec = _held_box("killed")
+    try:
+        box.start(spec)
+        time.sleep(0.3)
+        assert box.proc is not None
+        held = _tree(box.proc.pid)
+        box.kill()
+        assert box.proc.poll() is not None
+        time.sleep(0.2)
+        assert not (box.workdir / "ran").exists()
+        # bwrap's pid 1 is gone too (held, it is not tied to its parent), not left waiting.
+        assert not any(Path(f"/proc/{pid}").exists() for pid in held)
+    finally:
+        box.destroy()

@@ -208,21 +208,27 @@ class Sandbox:
         (enter.py), then bwrap makes its namespaces and mounts and waits on ``--block-fd``.
         Most of that is waiting, not work (a cgroup v1 join waits out an RCU grace period,
         5-17 ms here, and so do bwrap's namespaces): started early, it overlaps the runner's
-        own steps. Nothing of the command runs before ``run``; a runner that dies meanwhile
-        takes bwrap with it (--die-with-parent)."""
+        own steps. Nothing of the command runs before ``run``: ``kill`` ends a held sandbox
+        without running it, and a runner that dies leaves it held, in the session's cgroup,
+        for ``sandgate cleanup``."""
         found = bwrap.find_command(spec.command[0]) if spec.command else None
         if found is None:
             raise CommandNotFound(spec.command[0] if spec.command else "")
         entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)
-        hold, self._release = os.pipe2(os.O_CLOEXEC)
+        # bwrap goes on at end-of-file too, and while held nothing ties it to its parent (it
+        # sets its parent-death signal only at the exec). So its end of the pipe is opened
+        # for writing as well: the pipe never ends, and only the byte ``run`` writes releases.
+        readable, self._release = os.pipe2(os.O_CLOEXEC)
+        try:
+            hold = os.open(f"/proc/self/fd/{readable}", os.O_RDWR | os.O_CLOEXEC)
+        finally:
+            os.close(readable)
         argv = bwrap.bwrap_argv(spec, block_fd=hold)
         out: dict[str, Any] = (
             {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if capture else {}
         )
         try:
-            self.proc = enter.popen(
-                entry, argv, start_new_session=True, pass_fds=(hold,), **out
-            )
+            self.proc = enter.popen(entry, argv, start_new_session=True, pass_fds=(hold,), **out)
         except BaseException:
             os.close(self._release)
             self._release = None
@@ -274,6 +280,11 @@ class Sandbox:
         try:
             if self.proc is None or self.proc.poll() is not None:
                 return
+            # A held bwrap (pid 1 of the sandbox's pid namespace) outlives its parent: killed
+            # first, by pid (all of it goes with pid 1), then the group we started.
+            for pid in _children(self.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, sig)
@@ -283,8 +294,7 @@ class Sandbox:
                 if self.proc.poll() is not None:
                     return
         finally:
-            # Only once it is dead: a held bwrap that reads end-of-file would run the command.
-            if self._release is not None and (self.proc is None or self.proc.poll() is not None):
+            if self._release is not None:  # closing it releases nothing (see start)
                 os.close(self._release)
                 self._release = None
 
@@ -299,6 +309,14 @@ class Sandbox:
 
 
 OUTPUT_LIMIT = 16 << 20
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(k) for k in f.read().split()]
+    except OSError:
+        return []
 
 
 def _pump(proc: subprocess.Popen[bytes], path: Path, echo: bool) -> None:
