@@ -281,11 +281,17 @@ class Sandbox:
             if self.proc is None or self.proc.poll() is not None:
                 return
             # A held bwrap (pid 1 of the sandbox's pid namespace) outlives its parent: killed
-            # first, by pid (all of it goes with pid 1), then the group we started.
-            for pid in _children(self.proc.pid):
+            # first, by pid (all of it goes with pid 1); the outer bwrap then reaps it and
+            # exits with its status. Then the group we started, if anything is left.
+            kids = _children(self.proc.pid)
+            for pid in kids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.5 if kids else 0)
             for sig in (signal.SIGTERM, signal.SIGKILL):
+                if self.proc.poll() is not None:
+                    return
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, sig)
                 deadline = time.monotonic() + 2
