@@ -331,6 +331,12 @@ def test_a_started_sandbox_that_is_killed_never_runs_its_command() -> None:
         time.sleep(0.3)
         assert box.proc is not None
         held = _tree(box.proc.pid)
+        # As when the runner dies: its end of the pipe closes. That releases nothing.
+        assert box._release is not None
+        os.close(box._release)
+        box._release = None
+        time.sleep(0.3)
+        assert not (box.workdir / "ran").exists()
         box.kill()
         assert box.proc.poll() is not None
         time.sleep(0.2)
