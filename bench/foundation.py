@@ -25,7 +25,7 @@ PARTS: dict[str, Callable[[BenchStack, bool], dict[str, Any]]] = {
     "wholerun": wholerun.measure,
 }
 GOALS = {
-    "up_to_exec_ms": 100.0,
+    "up_to_exec_ms": 25.0,  # issue 13 (the foundation asked < 100)
     "teardown_ms": 10.0,
     "throughput_ratio": 0.95,
     "dns_qps": 20_000,

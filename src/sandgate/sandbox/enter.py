@@ -52,7 +52,7 @@ from typing import Any
 from sandgate.errors import SandboxError
 from sandgate.gateway.config import RUN_ROOT
 
-__all__ = ["Entry", "helper", "popen"]
+__all__ = ["Entry", "helper", "popen", "spawn"]
 
 SOURCE = Path(__file__).with_name("enter.c")
 HELPER_DIR = RUN_ROOT / "bin"
@@ -112,7 +112,18 @@ def popen(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` (a bwrap command line) as ``entry`` says; ``kwargs`` go to Popen.
     ``use_helper``: True needs sandgate-enter, False forks the runner, None takes the helper
-    where it can be built."""
+    where it can be built. Returns once bwrap runs; a step that failed raises SandboxError."""
+    proc, entered = spawn(entry, argv, use_helper=use_helper, **kwargs)
+    entered()
+    return proc
+
+
+def spawn(
+    entry: Entry, argv: Sequence[str], *, use_helper: bool | None = None, **kwargs: Any
+) -> tuple[subprocess.Popen[bytes], Callable[[], None]]:
+    """As ``popen``, but returns at once, with a call that waits until bwrap runs (or raises
+    what failed): the helper's steps (a cgroup join waits out an RCU grace period) overlap
+    whatever the caller does meanwhile."""
     if not argv or os.path.basename(argv[0]) != "bwrap":
         raise ValueError("enter.popen starts bwrap, which makes the sandbox's own namespaces")
     found = helper() if use_helper is not False else None
@@ -120,31 +131,49 @@ def popen(
         raise SandboxError("sandgate-enter cannot be built here", "apt-get install gcc libc6-dev")
     if found is not None:
         return _with_helper(found, entry, argv, dict(kwargs))
-    return _by_fork(entry, argv, kwargs)
+    return _by_fork(entry, argv, kwargs), lambda: None
 
 
 def _with_helper(
     found: str, entry: Entry, argv: Sequence[str], kwargs: dict[str, Any]
-) -> subprocess.Popen[bytes]:
+) -> tuple[subprocess.Popen[bytes], Callable[[], None]]:
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     oom = "-" if entry.oom_score is None else str(entry.oom_score)
     line = [found, str(err_w), entry.netns, str(entry.uid), str(entry.gid), oom]
     keep = (err_w, *kwargs.pop("pass_fds", ()))
     try:
-        try:
-            proc = subprocess.Popen([*line, *entry.cgroups, "--", *argv], pass_fds=keep, **kwargs)
-        finally:
-            os.close(err_w)
-        why = _read_all(err_r)  # end of file once bwrap runs; else the step that failed
-    finally:
+        proc = subprocess.Popen([*line, *entry.cgroups, "--", *argv], pass_fds=keep, **kwargs)
+    except BaseException:
         os.close(err_r)
-    if why:
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        raise SandboxError(f"cannot enter the sandbox: {why}")
-    return proc
+        raise
+    finally:
+        os.close(err_w)
+
+    def entered() -> None:
+        try:
+            why = _read_all(err_r)  # end of file once bwrap runs; else the step that failed
+        finally:
+            os.close(err_r)
+        if why:
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            raise SandboxError(f"cannot enter the sandbox: {why}")
+
+    return proc, _once(entered)
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+
+    return call
 
 
 def _read_all(fd: int) -> str:

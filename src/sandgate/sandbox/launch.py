@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,7 @@ class Sandbox:
     bound: set[str] = field(default_factory=set)  # sandbox paths files were bound onto
     _release: int | None = None  # write end of the pipe a started bwrap waits on
     _pump: threading.Thread | None = None
+    _entered: Callable[[], None] = field(default=lambda: None, repr=False)
 
     @property
     def workdir(self) -> Path:
@@ -228,7 +229,9 @@ class Sandbox:
             {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if capture else {}
         )
         try:
-            self.proc = enter.popen(entry, argv, start_new_session=True, pass_fds=(hold,), **out)
+            self.proc, self._entered = enter.spawn(
+                entry, argv, start_new_session=True, pass_fds=(hold,), **out
+            )
         except BaseException:
             os.close(self._release)
             self._release = None
@@ -260,6 +263,7 @@ class Sandbox:
         assert self.proc is not None and self._release is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            self._entered()  # bwrap runs (held), or the step that failed is raised here
             with contextlib.suppress(BrokenPipeError):  # it died while held: its status says
                 os.write(self._release, b"g")
             while True:
