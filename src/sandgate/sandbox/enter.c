@@ -1,6 +1,12 @@
 /* sandgate-enter: the steps between the runner and bwrap, in one small program (enter.py).
  *
  *   sandgate-enter ERRFD NETNS UID GID OOM|- [CGROUP_PROCS...] -- BWRAP ARGS...
+ *   sandgate-enter ERRFD NETNS UID GID OOM|- [CGROUP_PROCS...] -- @ ARGVFD
+ *
+ * The second form does every step, then reads the command line from ARGVFD (NUL-separated,
+ * to end-of-file): started before the command line is known, its waits (a cgroup v1 join
+ * waits out an RCU grace period) overlap the runner's. End-of-file with nothing read (the
+ * runner gave up, or died) exits 125 and runs nothing.
  *
  * In this order, as the old chain did them (sh, nsenter, setpriv): the OOM score; "0" into
  * each cgroup.procs (the writer joins); setns into NETNS; every capability out of the
@@ -56,6 +62,34 @@ static void write_file(const char *path, const char *text, const char *step) {
     close(fd);
 }
 
+/* The command line from fd, NUL-separated, read to its end; NULL when nothing came. */
+static char **read_argv(int fd) {
+    size_t size = 0, cap = 4096;
+    char *buf = malloc(cap);
+    if (buf == NULL) fail("reading the command line", ENOMEM);
+    for (;;) {
+        if (size == cap && (buf = realloc(buf, cap *= 2)) == NULL)
+            fail("reading the command line", ENOMEM);
+        ssize_t n = read(fd, buf + size, cap - size);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail("reading the command line", errno);
+        if (n == 0) break;
+        size += (size_t)n;
+    }
+    close(fd);
+    if (size == 0) return NULL;
+    if (buf[size - 1] != '\0') fail("reading the command line (not NUL-terminated)", EINVAL);
+    size_t count = 0;
+    for (size_t i = 0; i < size; i++) count += buf[i] == '\0';
+    char **out = calloc(count + 1, sizeof *out);
+    if (out == NULL) fail("reading the command line", ENOMEM);
+    for (size_t i = 0, k = 0; i < size; k++) {
+        out[k] = buf + i;
+        i += strlen(buf + i) + 1;
+    }
+    return out;
+}
+
 int main(int argc, char **argv) {
     if (argc < 8) {
         fprintf(stderr, "usage: sandgate-enter ERRFD NETNS UID GID OOM|- [PROCS...] -- CMD...\n");
@@ -101,6 +135,10 @@ int main(int argc, char **argv) {
     if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) < 0) fail("switching uid", errno);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("setting no_new_privs", errno);
 
+    if (strcmp(command[0], "@") == 0 && command[1] != NULL && command[2] == NULL) {
+        command = read_argv((int)number(command[1], "command line descriptor"));
+        if (command == NULL) _exit(125); /* given up before the command line: run nothing */
+    }
     execvp(command[0], command); /* PATH as setpriv searched it: the runner's */
     fail("starting bwrap", errno);
     return 125;

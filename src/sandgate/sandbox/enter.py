@@ -52,7 +52,7 @@ from typing import Any
 from sandgate.errors import SandboxError
 from sandgate.gateway.config import RUN_ROOT
 
-__all__ = ["Entry", "helper", "popen", "spawn"]
+__all__ = ["Entry", "ahead", "helper", "popen", "spawn"]
 
 SOURCE = Path(__file__).with_name("enter.c")
 HELPER_DIR = RUN_ROOT / "bin"
@@ -134,6 +134,44 @@ def spawn(
     return _by_fork(entry, argv, kwargs), lambda: None
 
 
+def ahead(
+    entry: Entry, **kwargs: Any
+) -> tuple[subprocess.Popen[bytes], Callable[[Sequence[str] | None], None], Callable[[], None]]:
+    """sandgate-enter started before its command line is known: it does every step (joining
+    the cgroup waits out an RCU grace period) while the caller goes on. Returns the process,
+    ``launch(argv)`` (hands it the bwrap command line, once; ``launch(None)`` gives up and
+    the process runs nothing), and the call that waits until bwrap runs, as ``spawn``'s."""
+    found = helper()
+    if found is None:
+        raise SandboxError("sandgate-enter cannot be built here", "apt-get install gcc libc6-dev")
+    argv_r, argv_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        keep = (argv_r, *kwargs.pop("pass_fds", ()))
+        proc, entered = _with_helper(found, entry, ["@", str(argv_r)], {**kwargs, "pass_fds": keep})
+    except BaseException:
+        os.close(argv_w)
+        raise
+    finally:
+        os.close(argv_r)
+
+    def launch(argv: Sequence[str] | None) -> None:
+        if argv is None:  # given up: the helper reads end-of-file and runs nothing
+            os.close(argv_w)
+            return
+        if not argv or os.path.basename(argv[0]) != "bwrap":
+            os.close(argv_w)
+            raise ValueError("enter.ahead launches bwrap, which makes the sandbox's namespaces")
+        try:
+            line = memoryview(b"".join(os.fsencode(a) + b"\0" for a in argv))
+            with contextlib.suppress(BrokenPipeError):  # it failed a step: entered() says which
+                while line:
+                    line = line[os.write(argv_w, line) :]
+        finally:
+            os.close(argv_w)
+
+    return proc, _once_with(launch), entered
+
+
 def _with_helper(
     found: str, entry: Entry, argv: Sequence[str], kwargs: dict[str, Any]
 ) -> tuple[subprocess.Popen[bytes], Callable[[], None]]:
@@ -162,6 +200,21 @@ def _with_helper(
             raise SandboxError(f"cannot enter the sandbox: {why}")
 
     return proc, _once(entered)
+
+
+def _once_with(
+    fn: Callable[[Sequence[str] | None], None],
+) -> Callable[[Sequence[str] | None], None]:
+    done = False
+
+    def call(argv: Sequence[str] | None) -> None:
+        nonlocal done
+        if done:
+            raise ValueError("launched already")
+        done = True
+        fn(argv)
+
+    return call
 
 
 def _once(fn: Callable[[], None]) -> Callable[[], None]:

@@ -114,6 +114,9 @@ class Sandbox:
     _release: int | None = None  # write end of the pipe a started bwrap waits on
     _pump: threading.Thread | None = None
     _entered: Callable[[], None] = field(default=lambda: None, repr=False)
+    _prepared: enter.Entry | None = None  # prepare() started the first process for this
+    _launch: Callable[[Sequence[str] | None], None] | None = None
+    _hold_fd: int = -1  # the number bwrap's end of the hold pipe has in the started process
 
     @property
     def workdir(self) -> Path:
@@ -195,6 +198,26 @@ class Sandbox:
         self.bound.update(out)
         return out
 
+    def prepare(self, entry: enter.Entry, capture: Path | None = None, echo: bool = True) -> bool:
+        """Start the sandbox's first process before its command line is known: sandgate-enter
+        joins the cgroup and becomes the sandbox's uid meanwhile (``start`` hands it bwrap's
+        command line). False where the helper cannot be built (``start`` does it all then)."""
+        if enter.helper() is None:
+            return False
+        hold = self._hold()
+        try:
+            self.proc, self._launch, self._entered = enter.ahead(
+                entry, start_new_session=True, pass_fds=(hold,), **_output(capture)
+            )
+        except BaseException:
+            self._unhold()
+            raise
+        finally:
+            os.close(hold)
+        self._prepared, self._hold_fd = entry, hold
+        self._capture(capture, echo)
+        return True
+
     def start(
         self,
         spec: bwrap.SandboxSpec,
@@ -211,34 +234,57 @@ class Sandbox:
         5-17 ms here, and so do bwrap's namespaces): started early, it overlaps the runner's
         own steps. Nothing of the command runs before ``run``: ``kill`` ends a held sandbox
         without running it, and a runner that dies leaves it held, in the session's cgroup,
-        for ``sandgate cleanup``."""
+        for ``sandgate cleanup``. After ``prepare`` the process is there already (its entry,
+        output and cgroups are the prepared ones); this hands it bwrap's command line."""
         found = bwrap.find_command(spec.command[0]) if spec.command else None
         if found is None:
             raise CommandNotFound(spec.command[0] if spec.command else "")
+        if self._prepared is not None:
+            if (spec.netns, spec.uid, spec.gid) != (
+                self._prepared.netns,
+                self._prepared.uid,
+                self._prepared.gid,
+            ):
+                raise ValueError("the spec is not the sandbox that was prepared")
+            assert self._launch is not None
+            self._launch(bwrap.bwrap_argv(spec, block_fd=self._hold_fd))
+            return
         entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)
-        # bwrap goes on at end-of-file too, and while held nothing ties it to its parent (it
-        # sets its parent-death signal only at the exec). So its end of the pipe is opened
-        # for writing as well: the pipe never ends, and only the byte ``run`` writes releases.
-        readable, self._release = os.pipe2(os.O_CLOEXEC)
-        try:
-            hold = os.open(f"/proc/self/fd/{readable}", os.O_RDWR | os.O_CLOEXEC)
-        finally:
-            os.close(readable)
-        argv = bwrap.bwrap_argv(spec, block_fd=hold)
-        out: dict[str, Any] = (
-            {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if capture else {}
-        )
+        hold = self._hold()
         try:
             self.proc, self._entered = enter.spawn(
-                entry, argv, start_new_session=True, pass_fds=(hold,), **out
+                entry,
+                bwrap.bwrap_argv(spec, block_fd=hold),
+                start_new_session=True,
+                pass_fds=(hold,),
+                **_output(capture),
             )
         except BaseException:
-            os.close(self._release)
-            self._release = None
+            self._unhold()
             raise
         finally:
             os.close(hold)
-        if capture is not None:
+        self._capture(capture, echo)
+
+    def _hold(self) -> int:
+        """The pipe a started bwrap waits on: its end, to pass (``_release`` keeps ours).
+
+        bwrap goes on at end-of-file too, and while held nothing ties it to its parent (it
+        sets its parent-death signal only at the exec). So its end of the pipe is opened for
+        writing as well: the pipe never ends, and only the byte ``run`` writes releases."""
+        readable, self._release = os.pipe2(os.O_CLOEXEC)
+        try:
+            return os.open(f"/proc/self/fd/{readable}", os.O_RDWR | os.O_CLOEXEC)
+        finally:
+            os.close(readable)
+
+    def _unhold(self) -> None:
+        if self._release is not None:
+            os.close(self._release)
+            self._release = None
+
+    def _capture(self, capture: Path | None, echo: bool) -> None:
+        if capture is not None and self.proc is not None:
             self.output = capture
             self._pump = threading.Thread(
                 target=_pump, args=(self.proc, capture, echo), name="sandbox-output", daemon=True
@@ -304,9 +350,11 @@ class Sandbox:
                 if self.proc.poll() is not None:
                     return
         finally:
-            if self._release is not None:  # closing it releases nothing (see start)
-                os.close(self._release)
-                self._release = None
+            self._unhold()  # closing it releases nothing (see _hold)
+            if self._launch is not None:
+                with contextlib.suppress(ValueError):  # launched: nothing left to close
+                    self._launch(None)
+                self._launch = None
 
     def destroy(self) -> None:
         self.kill()
@@ -319,6 +367,10 @@ class Sandbox:
 
 
 OUTPUT_LIMIT = 16 << 20
+
+
+def _output(capture: Path | None) -> dict[str, Any]:
+    return {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if capture else {}
 
 
 def _children(pid: int) -> list[int]:

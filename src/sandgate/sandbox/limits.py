@@ -184,9 +184,47 @@ class Cgroup:
 def create(name: str, limits: Limits, hierarchy: Hierarchy | None = None) -> Cgroup:
     """Make the session's cgroup with ``limits`` (every field set) applied, or say what is
     missing. On any failure what was made is removed again."""
+    cg = make(name, hierarchy)
+    try:
+        apply(cg, limits)
+    except BaseException:
+        cg.remove()
+        raise
+    return cg
+
+
+def make(name: str, hierarchy: Hierarchy | None = None) -> Cgroup:
+    """Make the session's cgroup, no limits yet (``apply`` them before anything but the
+    sandbox's first process, waiting to exec, is in it). On any failure it is removed again."""
     h = hierarchy or detect()
-    need = ["pids", "memory"] + (["cpu"] if limits.cpus is not None else [])
-    absent = [c for c in need if c not in h.dirs]
+    _need(h, ["pids", "memory"])
+    cg = Cgroup(name, h, Limits())
+    try:
+        if h.version == 2:
+            _enable_v2(h.dirs["pids"], ["pids", "memory", "cpu", "io"])
+        for d in cg.dirs:
+            d.mkdir()
+    except OSError as exc:
+        cg.remove()
+        raise _cannot(exc) from exc
+    except BaseException:
+        cg.remove()
+        raise
+    return cg
+
+
+def apply(cg: Cgroup, limits: Limits) -> None:
+    """Set ``limits`` (every field set) on a cgroup ``make`` made; once."""
+    _need(cg.hierarchy, ["cpu"] if limits.cpus is not None else [])
+    cg.limits = limits
+    try:
+        _apply(cg)
+    except OSError as exc:
+        raise _cannot(exc) from exc
+
+
+def _need(h: Hierarchy, controllers: list[str]) -> None:
+    absent = [c for c in controllers if c not in h.dirs]
     if absent:
         kind = "cgroup v2 controller" if h.version == 2 else "cgroup v1 controller"
         raise LimitsError(
@@ -194,23 +232,13 @@ def create(name: str, limits: Limits, hierarchy: Hierarchy | None = None) -> Cgr
             "mount them (v1: /sys/fs/cgroup/<controller>) or enable them in the parent's "
             "cgroup.subtree_control (v2)",
         )
-    cg = Cgroup(name, h, limits)
-    try:
-        if h.version == 2:
-            _enable_v2(h.dirs["pids"], ["pids", "memory", "cpu", "io"])
-        for d in cg.dirs:
-            d.mkdir()
-        _apply(cg)
-    except OSError as exc:
-        cg.remove()
-        raise LimitsError(
-            f"cannot apply limits in {exc.filename or 'the cgroup tree'}: {exc.strerror}",
-            "sandgate needs root and a cgroup tree it may write (delegated to it)",
-        ) from exc
-    except BaseException:
-        cg.remove()
-        raise
-    return cg
+
+
+def _cannot(exc: OSError) -> LimitsError:
+    return LimitsError(
+        f"cannot apply limits in {exc.filename or 'the cgroup tree'}: {exc.strerror}",
+        "sandgate needs root and a cgroup tree it may write (delegated to it)",
+    )
 
 
 def _enable_v2(parent: Path, controllers: list[str]) -> None:
