@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -149,28 +149,29 @@ def old_chain(place: Place) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, start_new_session=True, **pipes)  # type: ignore[call-overload]
 
 
-def one_step(place: Place, use_helper: bool) -> subprocess.Popen[bytes]:
+def start(entry: enter.Entry, argv: list[str], way: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+    if way == "ahead":  # what the runner does: started first, its command line given later
+        proc, launch, entered = enter.ahead(entry, **kwargs)
+        launch(argv)
+        entered()
+        return proc
+    return enter.popen(entry, argv, use_helper=way == "helper", **kwargs)
+
+
+def one_step(place: Place, way: str) -> subprocess.Popen[bytes]:
     spec = place.spec()
     entry = enter.Entry(spec.netns, UID, UID, place.cgroup.procs, limits.SANDBOX_OOM_SCORE)
-    return enter.popen(
-        entry,
-        bwrap.bwrap_argv(spec),
-        use_helper=use_helper,
-        start_new_session=True,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+    return start(entry, bwrap.bwrap_argv(spec), way, start_new_session=True, **pipes)
 
 
-# sandgate-enter (vfork + exec of the C helper), and the runner's own fork where it cannot be built
-WAYS = [pytest.param(True, id="helper"), pytest.param(False, id="fork")]
-
-
-@pytest.fixture(params=WAYS)
-def use_helper(request: pytest.FixtureRequest) -> bool:
-    if request.param and enter.helper() is None:
+# sandgate-enter (vfork + exec of the C helper) with its command line at once or later, and
+# the runner's own fork where the helper cannot be built.
+@pytest.fixture(params=["helper", "ahead", "fork"])
+def way(request: pytest.FixtureRequest) -> str:
+    if request.param != "fork" and enter.helper() is None:
         pytest.skip("sandgate-enter cannot be built here (no C compiler)")
-    return bool(request.param)
+    return str(request.param)
 
 
 def _libc() -> ctypes.CDLL:
@@ -206,11 +207,9 @@ def with_more_to_drop(fn: Callable[[], T]) -> T:
         return pool.submit(run).result()
 
 
-def test_one_step_gives_the_sandbox_the_identity_the_chain_gave(
-    place: Place, use_helper: bool
-) -> None:
+def test_one_step_gives_the_sandbox_the_identity_the_chain_gave(place: Place, way: str) -> None:
     before = with_more_to_drop(lambda: observe(old_chain(place)))
-    now = with_more_to_drop(lambda: observe(one_step(place, use_helper)))
+    now = with_more_to_drop(lambda: observe(one_step(place, way)))
     assert now == before
     # And what that identity is, so two equally wrong paths do not pass.
     host = os.readlink("/proc/self/ns/net")
@@ -238,7 +237,7 @@ def test_one_step_gives_the_sandbox_the_identity_the_chain_gave(
 
 
 def test_a_step_that_fails_is_named_and_nothing_runs(
-    place: Place, tmp_path: Path, use_helper: bool
+    place: Place, tmp_path: Path, way: str
 ) -> None:
     not_a_netns = tmp_path / "plain-file"
     not_a_netns.write_text("")
@@ -246,10 +245,10 @@ def test_a_step_that_fails_is_named_and_nothing_runs(
     fds = len(os.listdir("/proc/self/fd"))
     entry = enter.Entry(str(not_a_netns), UID, UID, place.cgroup.procs)
     with pytest.raises(SandboxError, match="entering the guest's network namespace"):
-        enter.popen(entry, bwrap.bwrap_argv(spec), use_helper=use_helper)
+        start(entry, bwrap.bwrap_argv(spec), way)
     missing = enter.Entry("/run/netns/sg-exid-none", UID, UID)
     with pytest.raises(SandboxError, match=r"network namespace .*sg-exid-none"):
-        enter.popen(missing, bwrap.bwrap_argv(spec), use_helper=use_helper)
+        start(missing, bwrap.bwrap_argv(spec), way)
     assert len(os.listdir("/proc/self/fd")) == fds  # no descriptor left open
     # The failed child had joined the cgroup before it failed; it is gone now.
     assert not limits.populated(place.cgroup.name)
@@ -263,7 +262,7 @@ cat /proc/self/cgroup /proc/self/oom_score_adj
 
 
 def test_bwrap_starts_with_the_credentials_setpriv_gave_it(
-    place: Place, monkeypatch: pytest.MonkeyPatch, use_helper: bool
+    place: Place, monkeypatch: pytest.MonkeyPatch, way: str
 ) -> None:
     """bwrap itself sets no_new_privs and clears capabilities, which hides a step the path
     forgot: a stand-in ``bwrap`` first on PATH prints the state it was started in."""
@@ -278,7 +277,7 @@ def test_bwrap_starts_with_the_credentials_setpriv_gave_it(
         return out.decode().splitlines()
 
     before = with_more_to_drop(lambda: state(old_chain(place)))
-    now = with_more_to_drop(lambda: state(one_step(place, use_helper)))
+    now = with_more_to_drop(lambda: state(one_step(place, way)))
     assert now == before
     for line in (
         f"Uid:\t{UID}\t{UID}\t{UID}\t{UID}",
@@ -345,3 +344,18 @@ def test_a_started_sandbox_that_is_killed_never_runs_its_command() -> None:
         assert not [p for p in held if Path(f"/proc/{p}").exists()]  # nor a zombie
     finally:
         box.destroy()
+
+
+def test_a_helper_given_up_before_its_command_line_runs_nothing(place: Place) -> None:
+    if enter.helper() is None:
+        pytest.skip("sandgate-enter cannot be built here (no C compiler)")
+    entry = enter.Entry(ns.path(place.netns), UID, UID, place.cgroup.procs)
+    proc, launch, _ = enter.ahead(entry)
+    deadline = time.monotonic() + 10
+    while not limits.populated(place.cgroup.name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert limits.populated(place.cgroup.name)  # it joined while its command line was unknown
+    launch(None)
+    assert proc.wait(timeout=10) == 125
+    with pytest.raises(ValueError):
+        launch(bwrap.bwrap_argv(place.spec()))  # once only
