@@ -13,7 +13,11 @@ what is missing: never a silent unlimited run.
 
 Measured 2026-12-01 on this machine (v1, kernel 6.18, 2 shared cores): creating, limiting,
 reading and removing one session's cgroups ~4.5 ms; the pre-exec step (a shell joining four
-hierarchies) ~4.7 ms over a bare exec: ~9 ms added to a session's start. A 3,000-process spawn
+hierarchies) ~4.7 ms over a bare exec: ~9 ms added to a session's start. Later the same day, at
+a load of 3-6: joining waits 5-17 ms (the first hierarchy's write waits out an RCU grace
+period; the others mostly ride on it), no CPU: the runner makes the cgroup (``make``) before
+the gateway answers and the sandbox's first process joins it meanwhile; ``apply`` sets the
+limits once they are known, before any command runs. A 3,000-process spawn
 grew the host's process count by 965-970 under the default 1,024; a 2 GiB bytearray under
 ``--memory 256M`` was killed at a recorded peak of 256.0 MiB (exit 137).
 """
