@@ -117,6 +117,7 @@ class Sandbox:
     _prepared: enter.Entry | None = None  # prepare() started the first process for this
     _launch: Callable[[Sequence[str] | None], None] | None = None
     _hold_fd: int = -1  # the number bwrap's end of the hold pipe has in the started process
+    _started: bool = False  # bwrap's command line given: ``run`` releases it
 
     @property
     def workdir(self) -> Path:
@@ -248,6 +249,7 @@ class Sandbox:
                 raise ValueError("the spec is not the sandbox that was prepared")
             assert self._launch is not None
             self._launch(bwrap.bwrap_argv(spec, block_fd=self._hold_fd))
+            self._started = True
             return
         entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)
         hold = self._hold()
@@ -264,6 +266,7 @@ class Sandbox:
             raise
         finally:
             os.close(hold)
+        self._started = True
         self._capture(capture, echo)
 
     def _hold(self) -> int:
@@ -304,7 +307,7 @@ class Sandbox:
         """Run the sandboxed command (set up by ``start`` or now). Returns its exit status (124
         when it ran out of time, 143 when ``stop`` was set). With ``capture`` its output also
         goes to that file (bounded)."""
-        if self.proc is None:
+        if not self._started:  # not set up yet, or only prepared (then start says "not found")
             self.start(spec, capture, echo, cgroups, oom_score)
         assert self.proc is not None and self._release is not None
         deadline = None if timeout is None else time.monotonic() + timeout
