@@ -10,6 +10,7 @@ seccomp, netns, cgroups, OOM score, session) and from inside (``id``, /proc/self
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -27,7 +28,7 @@ from sandgate.errors import SandboxError
 from sandgate.net import ns
 from sandgate.policy.limits import Limits
 from sandgate.sandbox import bwrap, enter, limits
-from sandgate.sandbox.launch import Sandbox
+from sandgate.sandbox.launch import CommandNotFound, Sandbox
 
 pytestmark = [
     pytest.mark.kernel,
@@ -359,3 +360,20 @@ def test_a_helper_given_up_before_its_command_line_runs_nothing(place: Place) ->
     assert proc.wait(timeout=10) == 125
     with pytest.raises(ValueError):
         launch(bwrap.bwrap_argv(place.spec()))  # once only
+
+
+def test_a_prepared_sandbox_whose_command_is_missing_says_so() -> None:
+    if enter.helper() is None:
+        pytest.skip("sandgate-enter cannot be built here (no C compiler)")
+    box, spec = _held_box("missing")
+    try:
+        assert box.prepare(enter.Entry(ns.path(box.netns), UID, UID))
+        missing = dataclasses.replace(spec, command=("no-such-tool",))
+        with pytest.raises(CommandNotFound):
+            box.start(missing)
+        with pytest.raises(CommandNotFound):  # not a wait on a helper that never gets its line
+            box.run(missing, timeout=10)
+        box.kill()
+        assert box.proc is not None and box.proc.poll() is not None
+    finally:
+        box.destroy()
