@@ -27,10 +27,14 @@ identity, slower). There the child may only do what cannot wait on a lock anothe
 at the fork: every file it writes is opened first (but /proc/self, which must be the child's),
 every C function and argument is bound first, and it imports and logs nothing.
 
+``ahead`` starts sandgate-enter before bwrap's command line is known (the runner does so before
+it asks the gateway for the guest): its waits, mostly the cgroup join's RCU grace period,
+overlap the gateway's work, and the command line follows over a pipe.
+
 Either way a failing step is named: it is written into a close-on-exec pipe the runner reads
 until bwrap runs (Python's own report says only "Exception occurred in preexec_fn").
 tests/kernel/test_exec_identity.py compares what a sandboxed process is (ids, groups, every
-capability set, no_new_privs, seccomp, netns, cgroups, OOM score) under both ways and the old
+capability set, no_new_privs, seccomp, netns, cgroups, OOM score) under each way and the old
 chain.
 """
 
