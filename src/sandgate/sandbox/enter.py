@@ -240,15 +240,24 @@ def _read_all(fd: int) -> str:
     return out.decode(errors="replace")
 
 
-@functools.cache
 def helper() -> str | None:
-    """sandgate-enter for this source, built on first use; None where it cannot be."""
+    """sandgate-enter for this source, built on first use; None where it cannot be. Looked up
+    once per process, and again if the file went (a reboot empties /run)."""
+    found = _helper()
+    if found is not None and not os.path.exists(found):
+        _helper.cache_clear()
+        found = _helper()
+    return found
+
+
+@functools.cache
+def _helper() -> str | None:
     try:
         source = SOURCE.read_bytes()
     except OSError:
         return None
     target = HELPER_DIR / f"sandgate-enter-{hashlib.sha256(source).hexdigest()[:16]}"
-    if _trusted(target):
+    if all(_trusted(p) for p in (target, HELPER_DIR, HELPER_DIR.parent)):
         return str(target)
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None or os.geteuid() != 0:
