@@ -25,7 +25,7 @@ PARTS: dict[str, Callable[[BenchStack, bool], dict[str, Any]]] = {
     "wholerun": wholerun.measure,
 }
 GOALS = {
-    "up_to_exec_ms": 100.0,
+    "up_to_exec_ms": 25.0,  # issue 13 (the foundation asked < 100)
     "teardown_ms": 10.0,
     # Issue 13's goals: port 80 through the proxy, and the open mode's kernel path.
     "throughput_ratio_web": 0.5,

@@ -48,7 +48,7 @@ EXPORTS = {
     ],
     "sandgate.prove": ["catalogue", "driver", "homelab", "invariants", "runner", "vmprobes"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],
-    "sandgate.sandbox": ["bwrap", "launch", "limits", "privilege", "tree", "workspace"],
+    "sandgate.sandbox": ["bwrap", "enter", "launch", "limits", "privilege", "tree", "workspace"],
     "sandgate.session": [
         "claims", "demo", "drift", "evidence", "modeluse", "runner", "stack", "suite", "tasks",
         "retention", "timings",

@@ -3,6 +3,7 @@
 
 __all__ = [
     "bwrap",
+    "enter",
     "launch",
     "limits",
     "privilege",

@@ -2,6 +2,8 @@
 
     nsenter --net=GUEST_NS --          (root) enter the guest's network namespace
     setpriv --reuid U --regid U ...    drop to the unprivileged uid, no capabilities, no new privs
+                                       (these two steps: the runner's child does them itself
+                                       now, enter.py; ``argv`` keeps them as the reference)
     bwrap --unshare-all --share-net …  (as U) new user/mount/pid/ipc/uts namespaces, a read-only
                                        system, fresh /tmp and /run, writable work dir, fresh home
       -- COMMAND
@@ -47,8 +49,18 @@ class SandboxSpec:
 
 
 def argv(spec: SandboxSpec) -> list[str]:
-    out = ["nsenter", f"--net={spec.netns}", "--"]
-    out += [
+    """The whole chain as one command line: nsenter, setpriv, then bwrap. The runner does the
+    first two itself now (enter.py, with ``bwrap_argv``); this stays as their reference, for
+    the benches' peer and for tests comparing the two."""
+    return [*chain_argv(spec), *bwrap_argv(spec)]
+
+
+def chain_argv(spec: SandboxSpec) -> list[str]:
+    """nsenter into the guest's network namespace, setpriv to the sandbox's uid."""
+    return [
+        "nsenter",
+        f"--net={spec.netns}",
+        "--",
         "setpriv",
         f"--reuid={spec.uid}",
         f"--regid={spec.gid}",
@@ -58,12 +70,18 @@ def argv(spec: SandboxSpec) -> list[str]:
         "--no-new-privs",
         "--",
     ]
-    out += [
+
+
+def bwrap_argv(spec: SandboxSpec, block_fd: int | None = None) -> list[str]:
+    """bwrap and the command, run as the sandbox's uid inside the guest's network namespace.
+    With ``block_fd`` bwrap sets everything up, then waits for a byte there before the exec."""
+    out = [
         "bwrap",
         "--unshare-all",
         "--share-net",
         "--die-with-parent",
         "--new-session",
+        *(["--block-fd", str(block_fd)] if block_fd is not None else []),
         "--cap-drop",
         "ALL",
         "--hostname",

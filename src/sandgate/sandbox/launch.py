@@ -15,14 +15,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandgate import cleanup
 from sandgate.errors import SandboxError, SetupError
 from sandgate.net import ns
-from sandgate.sandbox import bwrap, privilege
+from sandgate.sandbox import bwrap, enter, privilege
 from sandgate.sandbox.workspace import SESSIONS_ROOT, Workspace, WorkspaceSpec
 
 CA_VARS = (
@@ -110,6 +111,13 @@ class Sandbox:
     proc: subprocess.Popen[bytes] | None = None
     output: Path | None = None  # where the command's output was captured, if it was
     bound: set[str] = field(default_factory=set)  # sandbox paths files were bound onto
+    _release: int | None = None  # write end of the pipe a started bwrap waits on
+    _pump: threading.Thread | None = None
+    _entered: Callable[[], None] = field(default=lambda: None, repr=False)
+    _prepared: enter.Entry | None = None  # prepare() started the first process for this
+    _launch: Callable[[Sequence[str] | None], None] | None = None
+    _hold_fd: int = -1  # the number bwrap's end of the hold pipe has in the started process
+    _started: bool = False  # bwrap's command line given: ``run`` releases it
 
     @property
     def workdir(self) -> Path:
@@ -191,6 +199,101 @@ class Sandbox:
         self.bound.update(out)
         return out
 
+    def prepare(self, entry: enter.Entry, capture: Path | None = None, echo: bool = True) -> bool:
+        """Start the sandbox's first process before its command line is known: sandgate-enter
+        joins the cgroup and becomes the sandbox's uid meanwhile (``start`` hands it bwrap's
+        command line). False where the helper cannot be built (``start`` does it all then)."""
+        if enter.helper() is None:
+            return False
+        hold = self._hold()
+        try:
+            self.proc, self._launch, self._entered = enter.ahead(
+                entry, start_new_session=True, pass_fds=(hold,), **_output(capture)
+            )
+        except BaseException:
+            self._unhold()
+            raise
+        finally:
+            os.close(hold)
+        self._prepared, self._hold_fd = entry, hold
+        self._capture(capture, echo)
+        return True
+
+    def start(
+        self,
+        spec: bwrap.SandboxSpec,
+        capture: Path | None = None,
+        echo: bool = True,
+        cgroups: Sequence[str] = (),
+        oom_score: int | None = None,
+    ) -> None:
+        """Set the sandbox up and hold it just before the command's exec, until ``run``.
+
+        The process joins ``cgroups`` (cgroup.procs files) and becomes the sandbox's uid
+        (enter.py), then bwrap makes its namespaces and mounts and waits on ``--block-fd``.
+        Most of that is waiting, not work (a cgroup v1 join waits out an RCU grace period,
+        5-17 ms here, and so do bwrap's namespaces): started early, it overlaps the runner's
+        own steps. Nothing of the command runs before ``run``: ``kill`` ends a held sandbox
+        without running it, and a runner that dies leaves it held, in the session's cgroup,
+        for ``sandgate cleanup``. After ``prepare`` the process is there already (its entry,
+        output and cgroups are the prepared ones); this hands it bwrap's command line."""
+        found = bwrap.find_command(spec.command[0]) if spec.command else None
+        if found is None:
+            raise CommandNotFound(spec.command[0] if spec.command else "")
+        if self._prepared is not None:
+            if (spec.netns, spec.uid, spec.gid) != (
+                self._prepared.netns,
+                self._prepared.uid,
+                self._prepared.gid,
+            ):
+                raise ValueError("the spec is not the sandbox that was prepared")
+            assert self._launch is not None
+            self._launch(bwrap.bwrap_argv(spec, block_fd=self._hold_fd))
+            self._started = True
+            return
+        entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)
+        hold = self._hold()
+        try:
+            self.proc, self._entered = enter.spawn(
+                entry,
+                bwrap.bwrap_argv(spec, block_fd=hold),
+                start_new_session=True,
+                pass_fds=(hold,),
+                **_output(capture),
+            )
+        except BaseException:
+            self._unhold()
+            raise
+        finally:
+            os.close(hold)
+        self._started = True
+        self._capture(capture, echo)
+
+    def _hold(self) -> int:
+        """The pipe a started bwrap waits on: its end, to pass (``_release`` keeps ours).
+
+        bwrap goes on at end-of-file too, and while held nothing ties it to its parent (it
+        sets its parent-death signal only at the exec). So its end of the pipe is opened for
+        writing as well: the pipe never ends, and only the byte ``run`` writes releases."""
+        readable, self._release = os.pipe2(os.O_CLOEXEC)
+        try:
+            return os.open(f"/proc/self/fd/{readable}", os.O_RDWR | os.O_CLOEXEC)
+        finally:
+            os.close(readable)
+
+    def _unhold(self) -> None:
+        if self._release is not None:
+            os.close(self._release)
+            self._release = None
+
+    def _capture(self, capture: Path | None, echo: bool) -> None:
+        if capture is not None and self.proc is not None:
+            self.output = capture
+            self._pump = threading.Thread(
+                target=_pump, args=(self.proc, capture, echo), name="sandbox-output", daemon=True
+            )
+            self._pump.start()
+
     def run(
         self,
         spec: bwrap.SandboxSpec,
@@ -198,32 +301,20 @@ class Sandbox:
         stop: threading.Event | None = None,
         capture: Path | None = None,
         echo: bool = True,
-        prefix: Sequence[str] = (),
+        cgroups: Sequence[str] = (),
+        oom_score: int | None = None,
     ) -> int:
-        """Run the sandboxed command. Returns its exit status (124 when it ran out of time, 143
-        when ``stop`` was set). With ``capture`` its output also goes to that file (bounded).
-        ``prefix`` runs first and execs the rest (limits.py: joining the session's cgroup)."""
-        found = bwrap.find_command(spec.command[0]) if spec.command else None
-        if found is None:
-            raise CommandNotFound(spec.command[0] if spec.command else "")
-        pump: threading.Thread | None = None
-        argv = [*prefix, *bwrap.argv(spec)]
-        if capture is None:
-            self.proc = subprocess.Popen(argv, start_new_session=True)
-        else:
-            self.proc = subprocess.Popen(
-                argv,
-                start_new_session=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-            self.output = capture
-            pump = threading.Thread(
-                target=_pump, args=(self.proc, capture, echo), name="sandbox-output", daemon=True
-            )
-            pump.start()
+        """Run the sandboxed command (set up by ``start`` or now). Returns its exit status (124
+        when it ran out of time, 143 when ``stop`` was set). With ``capture`` its output also
+        goes to that file (bounded)."""
+        if not self._started:  # not set up yet, or only prepared (then start says "not found")
+            self.start(spec, capture, echo, cgroups, oom_score)
+        assert self.proc is not None and self._release is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            self._entered()  # bwrap runs (held), or the step that failed is raised here
+            with contextlib.suppress(BrokenPipeError):  # it died while held: its status says
+                os.write(self._release, b"g")
             while True:
                 try:
                     return self.proc.wait(timeout=0.2 if stop is not None else _left(deadline))
@@ -234,21 +325,39 @@ class Sandbox:
                         return 124
         finally:
             self.kill()
-            if pump is not None:
-                pump.join(timeout=5)
+            if self._pump is not None:
+                self._pump.join(timeout=5)
 
     def kill(self) -> None:
         """Kill the sandboxed process group (by the pid we started), if it still runs."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            deadline = time.monotonic() + 2
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                time.sleep(0.02)
-            if self.proc.poll() is not None:
+        try:
+            if self.proc is None or self.proc.poll() is not None:
                 return
+            # A held bwrap (pid 1 of the sandbox's pid namespace) outlives its parent: killed
+            # first, by pid (all of it goes with pid 1); the outer bwrap then reaps it and
+            # exits with its status. Then the group we started, if anything is left.
+            kids = _children(self.proc.pid)
+            for pid in kids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.5 if kids else 0)
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if self.proc.poll() is not None:
+                    return
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, sig)
+                deadline = time.monotonic() + 2
+                while time.monotonic() < deadline and self.proc.poll() is None:
+                    time.sleep(0.02)
+                if self.proc.poll() is not None:
+                    return
+        finally:
+            self._unhold()  # closing it releases nothing (see _hold)
+            if self._launch is not None:
+                with contextlib.suppress(ValueError):  # launched: nothing left to close
+                    self._launch(None)
+                self._launch = None
 
     def destroy(self) -> None:
         self.kill()
@@ -261,6 +370,18 @@ class Sandbox:
 
 
 OUTPUT_LIMIT = 16 << 20
+
+
+def _output(capture: Path | None) -> dict[str, Any]:
+    return {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if capture else {}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(k) for k in f.read().split()]
+    except OSError:
+        return []
 
 
 def _pump(proc: subprocess.Popen[bytes], path: Path, echo: bool) -> None:

@@ -3,8 +3,9 @@
 One cgroup per session, ``sandgate-<session>`` (in every v1 controller's hierarchy, or once in
 v2), holding a pids limit, a memory limit with swap off for it, a CPU quota (``--cpus``) and an
 I/O weight where the kernel offers one. The sandbox's first process joins it before it execs
-(``prefix_argv``: a root shell writes its own pid into ``cgroup.procs`` and raises its OOM score,
-then execs nsenter), so nothing the sandbox starts is ever outside. The gateway daemon gets a
+(enter.py, between fork and exec of bwrap; ``prefix_argv``, a root shell writing its own pid into
+``cgroup.procs`` and raising its OOM score, for a VM's QEMU), so nothing the sandbox starts is
+ever outside. The gateway daemon gets a
 cgroup of its own (``sandgate-gw-<instance>``) with reserved memory and an OOM score of -900.
 
 A limit that cannot be applied (controller absent, no delegation) is a ``LimitsError`` naming
@@ -12,7 +13,11 @@ what is missing: never a silent unlimited run.
 
 Measured 2026-12-01 on this machine (v1, kernel 6.18, 2 shared cores): creating, limiting,
 reading and removing one session's cgroups ~4.5 ms; the pre-exec step (a shell joining four
-hierarchies) ~4.7 ms over a bare exec: ~9 ms added to a session's start. A 3,000-process spawn
+hierarchies) ~4.7 ms over a bare exec: ~9 ms added to a session's start. Later the same day, at
+a load of 3-6: joining waits 5-17 ms (the first hierarchy's write waits out an RCU grace
+period; the others mostly ride on it), no CPU: the runner makes the cgroup (``make``) before
+the gateway answers and the sandbox's first process joins it meanwhile; ``apply`` sets the
+limits once they are known, before any command runs. A 3,000-process spawn
 grew the host's process count by 965-970 under the default 1,024; a 2 GiB bytearray under
 ``--memory 256M`` was killed at a recorded peak of 256.0 MiB (exit 137).
 """
@@ -119,8 +124,13 @@ class Cgroup:
             'echo "$1" > /proc/self/oom_score_adj || exit 125; shift; '
             'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
         )
-        files = [str(d / "cgroup.procs") for d in self.dirs]
-        return ["/bin/sh", "-c", script, "sandgate-limits", str(oom_score), *files, "--"]
+        return ["/bin/sh", "-c", script, "sandgate-limits", str(oom_score), *self.procs, "--"]
+
+    @property
+    def procs(self) -> tuple[str, ...]:
+        """The cgroup.procs file of each of the session's cgroups (what a joining process
+        writes itself into; enter.py does it between fork and exec for a sandbox)."""
+        return tuple(str(d / "cgroup.procs") for d in self.dirs)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -178,9 +188,47 @@ class Cgroup:
 def create(name: str, limits: Limits, hierarchy: Hierarchy | None = None) -> Cgroup:
     """Make the session's cgroup with ``limits`` (every field set) applied, or say what is
     missing. On any failure what was made is removed again."""
+    cg = make(name, hierarchy)
+    try:
+        apply(cg, limits)
+    except BaseException:
+        cg.remove()
+        raise
+    return cg
+
+
+def make(name: str, hierarchy: Hierarchy | None = None) -> Cgroup:
+    """Make the session's cgroup, no limits yet (``apply`` them before anything but the
+    sandbox's first process, waiting to exec, is in it). On any failure it is removed again."""
     h = hierarchy or detect()
-    need = ["pids", "memory"] + (["cpu"] if limits.cpus is not None else [])
-    absent = [c for c in need if c not in h.dirs]
+    _need(h, ["pids", "memory"])
+    cg = Cgroup(name, h, Limits())
+    try:
+        if h.version == 2:
+            _enable_v2(h.dirs["pids"], ["pids", "memory", "cpu", "io"])
+        for d in cg.dirs:
+            d.mkdir()
+    except OSError as exc:
+        cg.remove()
+        raise _cannot(exc) from exc
+    except BaseException:
+        cg.remove()
+        raise
+    return cg
+
+
+def apply(cg: Cgroup, limits: Limits) -> None:
+    """Set ``limits`` (every field set) on a cgroup ``make`` made; once."""
+    _need(cg.hierarchy, ["cpu"] if limits.cpus is not None else [])
+    cg.limits = limits
+    try:
+        _apply(cg)
+    except OSError as exc:
+        raise _cannot(exc) from exc
+
+
+def _need(h: Hierarchy, controllers: list[str]) -> None:
+    absent = [c for c in controllers if c not in h.dirs]
     if absent:
         kind = "cgroup v2 controller" if h.version == 2 else "cgroup v1 controller"
         raise LimitsError(
@@ -188,23 +236,13 @@ def create(name: str, limits: Limits, hierarchy: Hierarchy | None = None) -> Cgr
             "mount them (v1: /sys/fs/cgroup/<controller>) or enable them in the parent's "
             "cgroup.subtree_control (v2)",
         )
-    cg = Cgroup(name, h, limits)
-    try:
-        if h.version == 2:
-            _enable_v2(h.dirs["pids"], ["pids", "memory", "cpu", "io"])
-        for d in cg.dirs:
-            d.mkdir()
-        _apply(cg)
-    except OSError as exc:
-        cg.remove()
-        raise LimitsError(
-            f"cannot apply limits in {exc.filename or 'the cgroup tree'}: {exc.strerror}",
-            "sandgate needs root and a cgroup tree it may write (delegated to it)",
-        ) from exc
-    except BaseException:
-        cg.remove()
-        raise
-    return cg
+
+
+def _cannot(exc: OSError) -> LimitsError:
+    return LimitsError(
+        f"cannot apply limits in {exc.filename or 'the cgroup tree'}: {exc.strerror}",
+        "sandgate needs root and a cgroup tree it may write (delegated to it)",
+    )
 
 
 def _enable_v2(parent: Path, controllers: list[str]) -> None:

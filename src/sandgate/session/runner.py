@@ -25,9 +25,10 @@ from sandgate import cleanup
 from sandgate.errors import SandboxError, SandgateError
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store, home_of
+from sandgate.net import ns
 from sandgate.policy.limits import Limits, format_size
 from sandgate.report.session import SessionReport, build_report
-from sandgate.sandbox import bwrap, limits, privilege
+from sandgate.sandbox import bwrap, enter, limits, privilege
 from sandgate.sandbox.launch import (
     CommandNotFound,
     Sandbox,
@@ -172,15 +173,35 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         with t.phase("workspace (netns, dirs, tmpfs)"):
             box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space)
             cleanup.own(box.netns)
+        capture = keep / "output.log" if opts.capture else None
+        with t.phase("cgroup, first process"):
+            # Made before the gateway is asked (limits follow its answer): the sandbox's first
+            # process joins it while add_guest runs, and the join's wait overlaps it.
+            cgroup = _cgroup(sid)
+            if vm is None:
+                keep.mkdir(parents=True, exist_ok=True)
+                entry = enter.Entry(
+                    ns.path(box.netns), uid, uid, cgroup.procs, limits.SANDBOX_OOM_SCORE
+                )
+                box.prepare(entry, capture=capture, echo=opts.echo)
         with t.phase("control add_guest") as ph:
             guest = _add_guest(stack, box, sid, opts, uid)
             ph.steps = dict(guest.get("timing_ms") or {})
         with t.phase("noexec, sandbox files"):
             _noexec(stack, box, guest, opts)
             spec = _spec(stack, box, guest, opts, uid)
-        with t.phase("cgroup"):
-            cgroup = _cgroup(stack, sid, guest, opts)
+        with t.phase("cgroup limits"):
+            _limit(cgroup, stack, guest, opts)
             start_details["limits"] = cgroup.as_json()
+        if vm is None:
+            with t.phase("sandbox set-up (held before exec)"), contextlib.suppress(CommandNotFound):
+                box.start(  # run() says "not found" in its place
+                    spec,
+                    capture=capture,
+                    echo=opts.echo,
+                    cgroups=cgroup.procs,
+                    oom_score=limits.SANDBOX_OOM_SCORE,
+                )
         with t.phase("drift snapshot before"):
             before, _ = _snapshot(stack, box)
         t_row = t.begin("session row")
@@ -224,7 +245,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     opts.stop,
                     capture=keep / "output.log" if opts.capture else None,
                     echo=opts.echo,
-                    prefix=cgroup.prefix_argv(),
+                    cgroups=cgroup.procs,
+                    oom_score=limits.SANDBOX_OOM_SCORE,
                 )
             if exit_code == 124 and opts.timeout:
                 message = f"timed out after {opts.timeout:g} s; the sandbox was killed"
@@ -459,8 +481,19 @@ def _noexec(stack: Stack, box: Sandbox, guest: dict[str, Any], opts: RunOptions)
         box.space.noexec()
 
 
-def _cgroup(stack: Stack, sid: str, guest: dict[str, Any], opts: RunOptions) -> limits.Cgroup:
-    """The session's cgroup: the run's limits over the profile's, over the defaults."""
+def _cgroup(sid: str) -> limits.Cgroup:
+    """The session's cgroup, its limits not set yet (``_limit``)."""
+    name = limits.PREFIX + sid
+    cleanup.own(name)  # before it exists: a crash in between leaves it to `sandgate cleanup`
+    try:
+        return limits.make(name)
+    except BaseException:
+        cleanup.disown(name)
+        raise
+
+
+def _limit(cg: limits.Cgroup, stack: Stack, guest: dict[str, Any], opts: RunOptions) -> None:
+    """The run's limits over the profile's, over the defaults: set before the command runs."""
     if "limits" in guest:  # the profile's [limits], as the gateway read its file
         wanted = opts.limits.over(Limits(**guest["limits"]))
     else:  # a gateway from before it said so
@@ -468,15 +501,8 @@ def _cgroup(stack: Stack, sid: str, guest: dict[str, Any], opts: RunOptions) -> 
 
         profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
         wanted = opts.limits.over(profile.limits.limits() if profile else Limits())
-    name = limits.PREFIX + sid
-    cleanup.own(name)  # before it exists: a crash in between leaves it to `sandgate cleanup`
-    try:
-        cg = limits.create(name, wanted.with_defaults(limits.host_memory()))
-    except BaseException:
-        cleanup.disown(name)
-        raise
+    limits.apply(cg, wanted.with_defaults(limits.host_memory()))
     cg.start_sampling()
-    return cg
 
 
 def _limit_events(
