@@ -1,4 +1,4 @@
-"""eBPF without a compiler: the few instructions sandgate uses, assembled here, and bpf(2) by ctypes.
+"""eBPF without a compiler: the few instructions sandgate uses, assembled here; bpf(2) by ctypes.
 
 Why by hand: the machines sandgate runs on have no clang, LLVM or libbpf, gcc has no BPF target,
 and nothing well kept on PyPI assembles eBPF without LLVM (``bpf-asm`` is the classic-BPF
@@ -127,7 +127,8 @@ def map_create(map_type: int, key_size: int, value_size: int, max_entries: int) 
 
 
 def map_update(map_fd: int, key: bytes, value: bytes, flags: int = ANY) -> None:
-    k, v = ctypes.create_string_buffer(key, len(key)), ctypes.create_string_buffer(value, len(value))
+    k = ctypes.create_string_buffer(key, len(key))
+    v = ctypes.create_string_buffer(value, len(value))
     _bpf(MAP_UPDATE_ELEM, struct.pack("<IIQQQ", map_fd, 0, _addr(k), _addr(v), flags), "map update")
 
 
