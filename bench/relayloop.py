@@ -179,7 +179,8 @@ def main(rounds: int) -> dict[str, Any]:
         return {"p50_ms": [round(r[2], 2) for r in ev], "p99_ms": [round(r[3], 2) for r in ev]}
 
     res["rtt"], res["events"] = rtt("1M"), events("1M")  # the hub (keys as before)
-    res["bpf"] = {"rtt": rtt("bpf"), "events": events("bpf"), "kernel": sockmap.KERNEL.maps is not None}
+    joined = sockmap.KERNEL.maps is not None  # else the "bpf" rows are the hub's
+    res["bpf"] = {"rtt": rtt("bpf"), "events": events("bpf"), "kernel": joined}
     res["direct"] = {"rtt": rtt("direct")}
     return res
 
