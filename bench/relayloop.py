@@ -120,7 +120,7 @@ def _peers(listener: socket.socket, plan: list[tuple[str, str, int]], q: Any) ->
                 *lines, buf = (buf + data).split(b"\n")
                 delays += [(now - float(x)) * 1e3 for x in lines]
             delays.sort()
-            out.append((kind, name, delays[len(delays) // 2], delays[int(len(delays) * 0.99)]))
+            out.append((kind, name, delays[len(delays) // 2], delays[int(len(delays) * 0.99)], 0))
         c.close()
     q.put(out)
 
