@@ -70,7 +70,10 @@ from sandgate.gateway.proxy.relay import Done, RelayResult
 from sandgate.net import bpf
 
 TICK = 0.5  # seconds between checks of the tunnels' deadlines
-DRAIN_POLL = 0.002  # seconds between checks while a FIN waits for its bytes to be sent on
+# While a FIN waits for its bytes to reach the peer, it is checked again after 1 ms, then twice
+# as long each time the bytes have not moved (a peer that stopped reading costs ~10 checks a
+# second, not a thousand).
+DRAIN_POLL, DRAIN_POLL_MAX = 0.001, 0.1
 # Each joined socket's send and receive buffer (the kernel doubles it). When the kernel's send to
 # the peer meets a full send buffer it retries a jiffy later (4 ms at HZ=250), not when room
 # appears: with a 64 KiB buffer a loopback tunnel moved 15 MB/s (the hub 1.8 GB/s). The buffer
@@ -202,7 +205,7 @@ class Kernel:
         self._said: set[str] = set()
         self._epoll = select.epoll()
         self._tunnels: dict[int, _Tunnel] = {}  # by each of its two fds
-        self._draining: set[_Tunnel] = set()
+        self._draining: dict[_Tunnel, tuple[float, float, int]] = {}  # next check, wait, moved
         self._finished: list[tuple[_Tunnel, RelayResult]] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -305,7 +308,9 @@ class Kernel:
         next_tick = time.monotonic() + TICK
         while True:
             try:
-                events = self._epoll.poll(DRAIN_POLL if self._draining else TICK)
+                now = time.monotonic()
+                soonest = min((due for due, _, _ in self._draining.values()), default=now + TICK)
+                events = self._epoll.poll(max(0.0, min(soonest - now, TICK)))
             except InterruptedError:
                 continue
             with self._lock:
@@ -313,8 +318,10 @@ class Kernel:
                     tunnel = self._tunnels.get(fd)
                     if tunnel is not None:
                         self._guarded(tunnel, self._event, fd, ev)
-                for tunnel in list(self._draining):
-                    self._guarded(tunnel, self._carry_fins)
+                now = time.monotonic()
+                for tunnel, (due, _, _) in list(self._draining.items()):
+                    if now >= due:
+                        self._guarded(tunnel, self._carry_fins)
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + TICK
@@ -354,9 +361,12 @@ class Kernel:
         if tunnel.up.closed and tunnel.down.closed:
             self._end(tunnel, "eof")
         elif any(w.eof and not w.closed for w in (tunnel.up, tunnel.down)):
-            self._draining.add(tunnel)
+            moved = tunnel.up.moved + tunnel.down.moved
+            _, wait, before = self._draining.get(tunnel, (0.0, DRAIN_POLL / 2, -1))
+            wait = DRAIN_POLL if moved != before else min(wait * 2, DRAIN_POLL_MAX)
+            self._draining[tunnel] = (time.monotonic() + wait, wait, moved)
         else:
-            self._draining.discard(tunnel)
+            self._draining.pop(tunnel, None)
 
     def _check_deadlines(self, tunnel: _Tunnel, now: float) -> None:
         if now > tunnel.deadline:
@@ -369,7 +379,7 @@ class Kernel:
         if self._tunnels.pop(c.fileno(), None) is None:
             return  # ended already
         self._tunnels.pop(s.fileno(), None)
-        self._draining.discard(tunnel)
+        self._draining.pop(tunnel, None)
         for way in (tunnel.up, tunnel.down):
             if not way.closed:  # a closed way's count was taken before its FIN was queued
                 with contextlib.suppress(OSError):
