@@ -46,7 +46,7 @@ def _pair() -> tuple[socket.socket, socket.socket]:
 def tunnel(
     start: Start = relay.start, **limits: float | int | None
 ) -> Iterator[tuple[socket.socket, socket.socket, list[RelayResult]]]:
-    """(outer client, outer server, [result once done]) with a hub tunnel between them."""
+    """(outer client, outer server, [result once done]) with a relay tunnel between them."""
     client, inner_c = _pair()
     inner_s, server = _pair()
     out: list[RelayResult] = []

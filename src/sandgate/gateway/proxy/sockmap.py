@@ -103,6 +103,8 @@ class Counters:
     @classmethod
     def of(cls, sock: socket.socket) -> Counters:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        if len(raw) < 216:  # a kernel before 4.19: no tcpi_bytes_sent/retrans
+            raise OSError(95, "TCP_INFO without byte counts")  # EOPNOTSUPP
         (quiet,) = struct.unpack_from("<I", raw, 52)
         (received,) = struct.unpack_from("<Q", raw, 128)
         (notsent,) = struct.unpack_from("<I", raw, 144)
@@ -149,8 +151,11 @@ class Maps:
     def make(cls) -> Maps:
         made: list[int] = []
         try:
-            for _ in range(2):
-                made.append(bpf.map_create(bpf.MAP_TYPE_SOCKHASH, 8, 8, 2 * MAX_TUNNELS))
+            # ``joined`` has room to spare: a tunnel is put in ``peers`` first, so ``joined``
+            # can never be the one that is full (a half-joined tunnel could not go to the hub:
+            # bytes already redirected would race the hub's).
+            for size in (2 * MAX_TUNNELS, 2 * MAX_TUNNELS + 1024):
+                made.append(bpf.map_create(bpf.MAP_TYPE_SOCKHASH, 8, 8, size))
             made.append(bpf.prog_load(bpf.PROG_TYPE_SK_SKB, program(made[0]), "sg_tunnel"))
             bpf.prog_attach(made[1], made[2], bpf.SK_SKB_STREAM_VERDICT)
         except OSError:
@@ -227,8 +232,11 @@ class Kernel:
             return
         try:
             tunnel = self._join(client, server)
-        except OSError as exc:  # the map refused a socket (closing, or not TCP): the hub
-            self._say(f"a tunnel goes through the splice hub: {exc.strerror or exc}")
+        except Exception as exc:  # the map refused a socket (closing, or not TCP), or a bug
+            if not isinstance(exc, OSError):
+                traceback.print_exc()
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            self._say(f"a tunnel goes through the splice hub: {why}")
             self.hub.start(client, server, done, idle=idle, total=total, cap=cap)
             return
         tunnel.idle, tunnel.deadline, tunnel.done = idle, tunnel.start + total, done
@@ -293,7 +301,7 @@ class Kernel:
             ):
                 bpf.map_update(fd, key, struct.pack("<Q", value.fileno()))
                 done.append((fd, key))
-        except OSError:
+        except Exception:
             for fd, key in done:  # nothing was redirected yet: both peers were never joined
                 with contextlib.suppress(OSError):
                     bpf.map_delete(fd, key)
