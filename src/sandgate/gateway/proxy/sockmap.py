@@ -151,9 +151,9 @@ class Maps:
     def make(cls) -> Maps:
         made: list[int] = []
         try:
-            # ``joined`` has room to spare: a tunnel is put in ``peers`` first, so ``joined``
-            # can never be the one that is full (a half-joined tunnel could not go to the hub:
-            # bytes already redirected would race the hub's).
+            # ``joined`` has room to spare: a tunnel that got into ``peers`` gets into ``joined``
+            # (a tunnel refused half-joined goes to the hub, and bytes the kernel had already
+            # taken could race the hub's).
             for size in (2 * MAX_TUNNELS, 2 * MAX_TUNNELS + 1024):
                 made.append(bpf.map_create(bpf.MAP_TYPE_SOCKHASH, 8, 8, size))
             made.append(bpf.prog_load(bpf.PROG_TYPE_SK_SKB, program(made[0]), "sg_tunnel"))
