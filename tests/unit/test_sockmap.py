@@ -152,3 +152,37 @@ def test_a_socket_the_map_refuses_takes_the_hub(kernel: sockmap.Kernel) -> None:
     assert kernel.maps is not None and bpf.map_keys(kernel.maps.peers, 8) == []
     client.close()
     server.close()
+
+
+def test_a_bug_or_a_failing_callback_costs_one_tunnel_not_the_thread(
+    kernel: sockmap.Kernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real, calls = sockmap.Kernel._carry_fins, [0]
+
+    def buggy_once(self: sockmap.Kernel, tunnel: object) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("a planted bug")
+        real(self, tunnel)  # type: ignore[arg-type]
+
+    def failing(result: RelayResult) -> None:
+        raise RuntimeError("a callback that fails")
+
+    monkeypatch.setattr(sockmap.Kernel, "_carry_fins", buggy_once)
+    client, inner_c = _pair()
+    inner_s, server = _pair()
+    kernel.start(inner_c, inner_s, failing)
+    inner_c.close()
+    inner_s.close()
+    server.settimeout(20)
+    client.shutdown(socket.SHUT_WR)  # its FIN meets the bug: that tunnel is cut ...
+    with pytest.raises(ConnectionResetError):
+        _recv_all(server)
+    client.close()
+    server.close()
+    with tunnel(sockmap.start) as (client, server, out):  # ... and the next one works
+        client.sendall(b"fine")
+        client.shutdown(socket.SHUT_WR)
+        assert _recv_all(server) == b"fine"
+        server.shutdown(socket.SHUT_WR)
+    assert out[0].ended == "eof"
