@@ -1,9 +1,16 @@
-"""The relay hub alone, on loopback: CPU per GB by pipe size, round trips, and event delays.
+"""The relays alone, on loopback: CPU per GB by pipe size, round trips, and event delays.
 
-``PYTHONPATH=src:. python -m bench.relayloop [ROUNDS]`` (no root, nothing but 127.0.0.1). The
-peers (a sender, a sink, an echo) run in a child process, so this process's CPU is the hub's
-alone. Per round, interleaved: 1 GiB through tunnels with 64 KiB, 256 KiB and 1 MiB pipes; 5,000
-one-byte round trips; 500 small events 5 ms apart (their delay, one clock).
+``PYTHONPATH=src:. python -m bench.relayloop [ROUNDS]`` (nothing but 127.0.0.1; the kernel relay,
+sockmap.py, needs root, else its rows are the hub's). The peers (a sender, a sink, an echo) run
+in a child process, so this process's CPU is the relay's alone. Per round, interleaved: 1 GiB
+through hub tunnels with 64 KiB, 256 KiB and 1 MiB pipes and through the kernel relay ("bpf");
+5,000 one-byte round trips through the hub, the kernel relay and no relay at all ("direct": the
+added round trip is the difference); 500 small events 5 ms apart (their delay, one clock).
+
+The kernel relay's work runs in softirq (the program, on the sender's CPU time) and in kworker
+threads (the send to the peer): this process's CPU does not show it, so ``bpf`` also reports
+every kworker thread's CPU during its runs (``kworker_s_per_GB``, ``kworker_us``: an upper bound,
+the neighbours' kworker time is in it too).
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ import threading
 import time
 from typing import Any
 
-from sandgate.gateway.proxy import relay
+from sandgate.gateway.proxy import relay, sockmap
 
-SIZES = {"64K": 1 << 16, "256K": 1 << 18, "1M": 1 << 20}
+SIZES = {"64K": 1 << 16, "256K": 1 << 18, "1M": 1 << 20, "bpf": 0}  # 0: the kernel relay
 GB = 1 << 30
 
 
@@ -34,6 +41,24 @@ def _hub_cpu() -> float:
     with open(f"/proc/{os.getppid()}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _kworkers() -> float:
+    """User + system seconds of every kworker thread now."""
+    total = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        head, tail = raw.rsplit(")", 1)
+        if "(kworker" in head:
+            fields = tail.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _far_end(listener: socket.socket) -> None:
@@ -65,7 +90,8 @@ def _peers(listener: socket.socket, plan: list[tuple[str, str, int]], q: Any) ->
     out = []
     for kind, name, port in plan:
         c = _nd(socket.create_connection(("127.0.0.1", port)))
-        c0, t0 = _hub_cpu(), time.perf_counter()
+        time.sleep(0.01)  # the relay has joined the tunnel
+        c0, k0, t0 = _hub_cpu(), _kworkers(), time.perf_counter()
         if kind == "bulk":
             c.sendall(b"b")
             data = bytes(1 << 20)
@@ -73,7 +99,8 @@ def _peers(listener: socket.socket, plan: list[tuple[str, str, int]], q: Any) ->
                 c.sendall(data)
             c.shutdown(socket.SHUT_WR)
             c.recv(1)
-            out.append((kind, name, GB / (time.perf_counter() - t0) / 1e6, _hub_cpu() - c0))
+            secs, k = time.perf_counter() - t0, _kworkers() - k0
+            out.append((kind, name, GB / secs / 1e6, _hub_cpu() - c0, k))
         elif kind == "rtt":
             c.sendall(b"e")
             times = []
@@ -83,7 +110,8 @@ def _peers(listener: socket.socket, plan: list[tuple[str, str, int]], q: Any) ->
                 c.recv(100)
                 times.append(time.perf_counter() - t)
             cpu_us = (_hub_cpu() - c0) / 5000 * 1e6
-            out.append((kind, name, statistics.median(times) * 1e6, cpu_us))
+            k = (_kworkers() - k0) / 5000 * 1e6
+            out.append((kind, name, statistics.median(times) * 1e6, cpu_us, k))
         else:
             c.sendall(b"s")
             delays, buf = [], b""
@@ -92,7 +120,7 @@ def _peers(listener: socket.socket, plan: list[tuple[str, str, int]], q: Any) ->
                 *lines, buf = (buf + data).split(b"\n")
                 delays += [(now - float(x)) * 1e3 for x in lines]
             delays.sort()
-            out.append((kind, name, delays[len(delays) // 2], delays[int(len(delays) * 0.99)]))
+            out.append((kind, name, delays[len(delays) // 2], delays[int(len(delays) * 0.99)], 0))
         c.close()
     q.put(out)
 
@@ -109,8 +137,11 @@ def main(rounds: int) -> dict[str, Any]:
             while True:
                 c, _ = door.accept()
                 u = _nd(socket.create_connection(("127.0.0.1", uport)))
-                relay.PIPE_SIZE = size  # read when the tunnel's pipes are made
-                relay.start(_nd(c), u, lambda _result: None)
+                if size:
+                    relay.PIPE_SIZE = size  # read when the tunnel's pipes are made
+                    relay.start(_nd(c), u, lambda _result: None)
+                else:
+                    sockmap.start(_nd(c), u, lambda _result: None)
                 c.close()
                 u.close()
 
@@ -118,8 +149,9 @@ def main(rounds: int) -> dict[str, Any]:
     plan = []
     for _ in range(rounds):
         plan += [("bulk", n, doors[n].getsockname()[1]) for n in SIZES]
-        plan += [("rtt", "1M", doors["1M"].getsockname()[1])]
-        plan += [("events", "1M", doors["1M"].getsockname()[1])]
+        plan += [("rtt", n, doors[n].getsockname()[1]) for n in ("1M", "bpf")]
+        plan += [("rtt", "direct", uport)]
+        plan += [("events", n, doors[n].getsockname()[1]) for n in ("1M", "bpf")]
     q: Any = mp.Queue()
     child = mp.Process(target=_peers, args=(upstream, plan, q))
     child.start()
@@ -131,14 +163,25 @@ def main(rounds: int) -> dict[str, Any]:
         res["bulk"][n] = {
             "MB_s": [round(r[2]) for r in runs],
             "cpu_s_per_GB": [round(r[3] / (GB / 1e9), 3) for r in runs],
+            "kworker_s_per_GB": [round(r[4] / (GB / 1e9), 3) for r in runs],
         }
-    rt = [r for r in out if r[0] == "rtt"]
-    res["rtt"] = {
-        "median_us": [round(r[2], 1) for r in rt],
-        "hub_cpu_us": [round(r[3], 1) for r in rt],
-    }
-    ev = [r for r in out if r[0] == "events"]
-    res["events"] = {"p50_ms": [round(r[2], 2) for r in ev], "p99_ms": [round(r[3], 2) for r in ev]}
+
+    def rtt(name: str) -> dict[str, Any]:
+        rt = [r for r in out if r[0] == "rtt" and r[1] == name]
+        return {
+            "median_us": [round(r[2], 1) for r in rt],
+            "hub_cpu_us": [round(r[3], 1) for r in rt],
+            "kworker_us": [round(r[4], 1) for r in rt],
+        }
+
+    def events(name: str) -> dict[str, Any]:
+        ev = [r for r in out if r[0] == "events" and r[1] == name]
+        return {"p50_ms": [round(r[2], 2) for r in ev], "p99_ms": [round(r[3], 2) for r in ev]}
+
+    res["rtt"], res["events"] = rtt("1M"), events("1M")  # the hub (keys as before)
+    joined = sockmap.KERNEL.maps is not None  # else the "bpf" rows are the hub's
+    res["bpf"] = {"rtt": rtt("bpf"), "events": events("bpf"), "kernel": joined}
+    res["direct"] = {"rtt": rtt("direct")}
     return res
 
 

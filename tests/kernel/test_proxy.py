@@ -7,6 +7,7 @@ tunnel), and where it matters what the server on the far side received.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -99,6 +100,12 @@ def test_explicit_proxy_connect_and_absolute_form(sandbox: Runner, work: Path) -
     }
     connect = next(e for e in events if e.name == "pypi.org")
     assert connect.details["tls"] == "passthrough" and connect.details["sni"] == "pypi.org"
+    # The kernel carried the tunnel (sockmap.py: two maps and a program in the daemon, made on
+    # the first raw tunnel), and its bytes are counted.
+    fd_dir = Path(f"/proc/{sandbox.stack.gateway.pid}/fd")
+    held = [os.readlink(fd) for fd in fd_dir.iterdir()]
+    assert held.count("anon_inode:bpf-map") == 2 and held.count("anon_inode:bpf-prog") == 1
+    assert connect.details["bytes_up"] > 500 and connect.details["bytes_down"] > 2000
 
 
 def test_fronting_is_refused(sandbox: Runner, work: Path) -> None:

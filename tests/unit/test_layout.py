@@ -34,12 +34,14 @@ EXPORTS = {
     "sandgate.gateway.proxy": [
         "ca", "chunked", "credentials", "firstflight", "flow", "http1", "httphead", "relay",
         "lookup", "server", "sni", "splice", "tls", "tlsgate", "tlsio",
+        "sockmap",
     ],
     "sandgate.net": [
         "compile", "iphead", "iptables", "links", "netlink", "nflog", "nfqueue", "nft", "ns",
         "sockdiag",
         "conntrack",
         "handed",
+        "bpf",
     ],
     "sandgate.policy": [
         "classify", "decide", "dnsnames", "exemptions", "groups", "hostparse", "httprules",

@@ -1,6 +1,7 @@
-"""The splice relay hub (gateway/proxy/relay.py) on real loopback TCP: what goes in comes out.
+"""The splice relay hub (gateway/proxy/relay.py) and the kernel's (sockmap.py) on real loopback
+TCP: what goes in comes out. The shared cases run against both (the ``start`` fixture).
 
-Each tunnel is outer client <-> [inner client | hub | inner server] <-> outer server, the same
+Each tunnel is outer client <-> [inner client | relay | inner server] <-> outer server, the same
 shape as a CONNECT tunnel on the gateway.
 """
 
@@ -11,13 +12,27 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 
 import pytest
 
-from sandgate.gateway.proxy import relay
+from sandgate.gateway.proxy import relay, sockmap
 from sandgate.gateway.proxy.relay import RelayResult
+
+Start = Callable[..., None]
+
+
+@pytest.fixture(params=["hub", "kernel"])
+def start(request: pytest.FixtureRequest) -> Start:
+    """relay.start (the splice hub) or sockmap.start (the kernel carries it)."""
+    if request.param == "hub":
+        return relay.start
+    if not sockmap.KERNEL._ready():
+        if os.geteuid() != 0:  # loading BPF needs CAP_BPF and CAP_NET_ADMIN
+            pytest.skip(f"BPF sockmap unavailable here: {sockmap.KERNEL.unavailable}")
+        pytest.fail(f"as root the kernel relay must load: {sockmap.KERNEL.unavailable}")
+    return sockmap.start
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -29,9 +44,9 @@ def _pair() -> tuple[socket.socket, socket.socket]:
 
 @contextmanager
 def tunnel(
-    **limits: float | int | None,
+    start: Start = relay.start, **limits: float | int | None
 ) -> Iterator[tuple[socket.socket, socket.socket, list[RelayResult]]]:
-    """(outer client, outer server, [result once done]) with a hub tunnel between them."""
+    """(outer client, outer server, [result once done]) with a relay tunnel between them."""
     client, inner_c = _pair()
     inner_s, server = _pair()
     out: list[RelayResult] = []
@@ -43,8 +58,8 @@ def tunnel(
 
     for s in (client, server):
         s.settimeout(20)  # a broken relay fails the test instead of hanging it
-    relay.start(inner_c, inner_s, done, **limits)  # type: ignore[arg-type]
-    inner_c.close()  # the hub works on its own duplicates
+    start(inner_c, inner_s, done, **limits)
+    inner_c.close()  # the relay works on its own duplicates
     inner_s.close()
     try:
         yield client, server, out
@@ -72,9 +87,9 @@ def _send_then_shut(sock: socket.socket, data: bytes) -> threading.Thread:
     return t
 
 
-def test_bytes_both_ways_at_once_are_identical_and_counted() -> None:
+def test_bytes_both_ways_at_once_are_identical_and_counted(start: Start) -> None:
     up, down = os.urandom(6 << 20), os.urandom(9 << 20)
-    with tunnel() as (client, server, out):
+    with tunnel(start) as (client, server, out):
         senders = [_send_then_shut(client, up), _send_then_shut(server, down)]
         got_down: list[bytes] = []
         reader = threading.Thread(target=lambda: got_down.append(_recv_all(client)))
@@ -88,8 +103,8 @@ def test_bytes_both_ways_at_once_are_identical_and_counted() -> None:
     assert (out[0].up, out[0].down, out[0].ended) == (len(up), len(down), "eof")
 
 
-def test_half_close_carries_over_and_the_other_way_keeps_talking() -> None:
-    with tunnel() as (client, server, out):
+def test_half_close_carries_over_and_the_other_way_keeps_talking(start: Start) -> None:
+    with tunnel(start) as (client, server, out):
         client.sendall(b"request")
         client.shutdown(socket.SHUT_WR)
         assert _recv_all(server) == b"request"  # EOF reached the server
@@ -99,8 +114,8 @@ def test_half_close_carries_over_and_the_other_way_keeps_talking() -> None:
     assert out[0].ended == "eof"
 
 
-def test_a_peer_reset_resets_the_other_side() -> None:
-    with tunnel() as (client, server, out):
+def test_a_peer_reset_resets_the_other_side(start: Start) -> None:
+    with tunnel(start) as (client, server, out):
         client.sendall(b"x" * 1000)
         assert server.recv(1000)
         server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -112,12 +127,12 @@ def test_a_peer_reset_resets_the_other_side() -> None:
     assert out[0].ended == "error"
 
 
-def test_many_tunnels_at_once() -> None:
+def test_many_tunnels_at_once(start: Start) -> None:
     n = 40
     payloads = [os.urandom(200_000 + i) for i in range(n)]
     with ExitStack() as stack:
-        tunnels = [stack.enter_context(tunnel()) for _ in range(n)]
-        assert relay.HUB.count() >= n
+        tunnels = [stack.enter_context(tunnel(start)) for _ in range(n)]
+        assert (relay.HUB if start is relay.start else sockmap.KERNEL).count() >= n
         for (client, _, _), data in zip(tunnels, payloads, strict=True):
             _send_then_shut(client, data)
         for (_, server, _), data in zip(tunnels, payloads, strict=True):
@@ -130,8 +145,8 @@ def test_many_tunnels_at_once() -> None:
     assert all(out[0].ended == "eof" for _, _, out in tunnels)
 
 
-def test_the_byte_cap_ends_a_tunnel_without_passing_more() -> None:
-    with tunnel(cap=100_000) as (client, server, out):
+def test_the_byte_cap_ends_a_tunnel_without_passing_more(start: Start) -> None:
+    with tunnel(start, cap=100_000) as (client, server, out):
         sender = _send_then_shut(server, b"y" * 1_000_000)
         got = _recv_all(client)
         server.close()  # unblocks the sender once the hub has stopped reading
@@ -141,8 +156,8 @@ def test_the_byte_cap_ends_a_tunnel_without_passing_more() -> None:
     assert out[0].down <= 100_000
 
 
-def test_an_idle_tunnel_ends() -> None:
-    with tunnel(idle=0.2) as (client, _server, out):
+def test_an_idle_tunnel_ends(start: Start) -> None:
+    with tunnel(start, idle=0.2) as (client, _server, out):
         assert _recv_all(client) == b""  # closed by the hub, not by the peer
     assert out[0].ended == "idle"
 

@@ -1,8 +1,10 @@
 """Kernel plumbing: namespaces, links, policy -> nftables JSON and its atomic apply, iptables-nft
-queues; the NFLOG, NFQUEUE and sock_diag readers. Imports nothing from ``gateway/``.
+queues; the NFLOG, NFQUEUE and sock_diag readers; eBPF assembled and loaded without a compiler
+(bpf.py). Imports nothing from ``gateway/``.
 """
 
 __all__ = [
+    "bpf",
     "compile",
     "conntrack",
     "handed",

@@ -11,7 +11,8 @@ inspects that name: then the gateway terminates TLS with its own CA and speaks H
 (http1.py), which is where placeholder credentials are swapped.
 
 Each connection gets its own thread with blocking sockets until it is judged; a raw tunnel is
-then handed to the relay hub (relay.py: one epoll thread for every tunnel) and the thread ends.
+then handed to the kernel (sockmap.py: a BPF sockmap joins the two sockets; where BPF is missing,
+the splice hub of relay.py, one epoll thread for every tunnel) and the thread ends.
 Decisions are pure and the asyncio loop is only asked to resolve names and to take events.
 """
 
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandgate.gateway.proxy import http1, relay, sni
+from sandgate.gateway.proxy import http1, relay, sni, sockmap
 from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
 from sandgate.gateway.proxy.tls import Leaves, upstream_context
 from sandgate.gateway.proxy.tlsio import Sessions, Stream, TlsStream
@@ -327,8 +328,9 @@ class Proxy:
                     rec.note = f"ended: {result.ended}"
                 self.emit(rec.flow_key(), rec.event())
 
-            # The hub takes the tunnel (duplicates of both sockets): this thread ends here.
-            relay.start(
+            # The kernel (or the hub) takes the tunnel, on duplicates of both sockets: this thread
+            # ends here. Only raw tunnels come this way; inspected ones never do.
+            sockmap.start(
                 conn,
                 upstream,
                 done,

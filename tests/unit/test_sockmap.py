@@ -1,0 +1,188 @@
+"""What only the kernel relay (gateway/proxy/sockmap.py) and its assembler (net/bpf.py) do.
+
+The cases both relays share (bytes both ways, half-close, reset, 40 tunnels, cap, idle) are in
+test_relay.py, run against each. Real loopback TCP and the real bpf(2); the program's
+encoding is checked against the kernel's (include/uapi/linux/bpf.h, ``struct bpf_insn``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from sandgate.gateway.proxy import relay, sockmap
+from sandgate.gateway.proxy.relay import RelayResult
+from sandgate.net import bpf
+from tests.unit.test_relay import _pair, _recv_all, tunnel
+
+
+@pytest.fixture
+def kernel() -> sockmap.Kernel:
+    if not sockmap.KERNEL._ready():
+        if os.geteuid() != 0:  # loading BPF needs CAP_BPF and CAP_NET_ADMIN
+            pytest.skip(f"BPF sockmap unavailable here: {sockmap.KERNEL.unavailable}")
+        pytest.fail(f"as root the kernel relay must load: {sockmap.KERNEL.unavailable}")
+    return sockmap.KERNEL
+
+
+@pytest.mark.parametrize(
+    ("encoded", "hex_"),
+    [
+        # opcode | dst, src (dst low nibble) | off (le16) | imm (le32)
+        (bpf.mov_reg(bpf.R6, bpf.R1), "bf 16 0000 00000000"),  # r6 = r1
+        (bpf.mov_imm(bpf.R4, 0), "b7 04 0000 00000000"),  # r4 = 0
+        (bpf.add_imm(bpf.R3, -8), "07 03 0000 f8ffffff"),  # r3 += -8
+        (bpf.store_dw(bpf.R10, -8, bpf.R0), "7b 0a f8ff 00000000"),  # *(u64 *)(r10 - 8) = r0
+        (bpf.load_w(bpf.R2, bpf.R1, 0), "61 12 0000 00000000"),  # r2 = *(u32 *)(r1 + 0)
+        (bpf.jeq_imm(bpf.R2, 0, 11), "15 02 0b00 00000000"),  # if r2 == 0 goto +11
+        (bpf.call(72), "85 00 0000 48000000"),  # call bpf_sk_redirect_hash
+        (bpf.exit_(), "95 00 0000 00000000"),
+        # r2 = map fd 7 (BPF_PSEUDO_MAP_FD in src), then the immediate's upper half
+        (bpf.ld_map_fd(bpf.R2, 7), "18 12 0000 07000000 00 00 0000 00000000"),
+    ],
+)
+def test_instructions_encode_as_the_kernel_reads_them(encoded: bytes, hex_: str) -> None:
+    assert encoded == bytes.fromhex(hex_)
+
+
+def test_the_program_jumps_to_its_drop_and_a_refusal_carries_the_verifier_log(
+    kernel: sockmap.Kernel,
+) -> None:
+    code = sockmap.program(0)
+    assert len(code) // 8 == 15
+    skip = int.from_bytes(code[8 + 2 : 8 + 4], "little")  # the jeq's offset
+    assert code[8 * (2 + skip) :] == bpf.mov_imm(bpf.R0, bpf.SK_DROP) + bpf.exit_()
+    with pytest.raises(bpf.BpfError) as refused:  # r0 never set: the verifier says so
+        bpf.prog_load(bpf.PROG_TYPE_SK_SKB, bpf.exit_(), "sg_bad")
+    assert "R0" in refused.value.log
+
+
+def test_the_kernel_carries_the_tunnel_and_bytes_queued_before_the_hand_off_go_first(
+    kernel: sockmap.Kernel,
+) -> None:
+    client, inner_c = _pair()
+    inner_s, server = _pair()
+    for s in (client, server):
+        s.settimeout(20)
+    client.sendall(b"a ClientHello peeked, not read")  # waits on inner_c before the join
+    server.sendall(b"a banner")
+    out: list[RelayResult] = []
+    ended = threading.Event()
+    kernel.start(inner_c, inner_s, lambda r: (out.append(r), ended.set()))
+    inner_c.close()
+    inner_s.close()
+    assert kernel.count() >= 1  # not the hub
+    assert server.recv(100) == b"a ClientHello peeked, not read"
+    assert client.recv(100) == b"a banner"
+    client.sendall(b"more")
+    client.shutdown(socket.SHUT_WR)
+    assert _recv_all(server) == b"more"
+    server.shutdown(socket.SHUT_WR)
+    assert _recv_all(client) == b""
+    assert ended.wait(20)
+    assert (out[0].up, out[0].down, out[0].ended) == (34, 8, "eof")
+    client.close()
+    server.close()
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_no_descriptor_or_map_entry_outlives_its_tunnel(kernel: sockmap.Kernel) -> None:
+    with tunnel(sockmap.start) as (client, server, _):  # the maps and program exist from here
+        client.shutdown(socket.SHUT_WR)
+        server.shutdown(socket.SHUT_WR)
+    before = _fds()
+    for i in range(10):
+        with tunnel(sockmap.start, idle=0.3 if i % 2 else 300.0) as (client, server, out):
+            client.sendall(b"x" * 70_000)
+            assert len(server.recv(1)) == 1
+            if i % 2 == 0:  # the rest end idle, with bytes unread
+                client.shutdown(socket.SHUT_WR)
+                server.shutdown(socket.SHUT_WR)
+        assert out[0].ended == ("idle" if i % 2 else "eof")
+    assert kernel.count() == 0 and relay.HUB.count() == 0
+    assert _fds() == before
+    assert kernel.maps is not None
+    assert bpf.map_keys(kernel.maps.peers, 8) == []
+    assert bpf.map_keys(kernel.maps.joined, 8) == []
+
+
+def test_when_bpf_cannot_load_every_tunnel_takes_the_hub_said_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def refuse(*_args: object, **_kw: object) -> int:
+        raise bpf.BpfError(1, "loading BPF program sg_tunnel")  # EPERM
+
+    monkeypatch.setattr(bpf, "prog_load", refuse)
+    fallback = sockmap.Kernel(hub=relay.Hub())
+    before = _fds()
+    for _ in range(2):
+        with tunnel(fallback.start) as (client, server, out):
+            client.sendall(b"through the hub")
+            client.shutdown(socket.SHUT_WR)
+            assert _recv_all(server) == b"through the hub"
+            server.shutdown(socket.SHUT_WR)
+        assert (out[0].up, out[0].ended) == (15, "eof")
+    assert fallback.maps is None and fallback.count() == 0
+    assert _fds() == before  # the maps made before the refusal were closed
+    said = capsys.readouterr().err
+    assert said.count("CONNECT tunnels go through the splice hub") == 1
+    assert "Operation not permitted" in said
+
+
+def test_a_socket_the_map_refuses_takes_the_hub(kernel: sockmap.Kernel) -> None:
+    client, inner_c = _pair()
+    inner_s, server = _pair()
+    client.sendall(b"and goodbye")
+    client.shutdown(socket.SHUT_WR)  # inner_c is in CLOSE_WAIT: no sockmap takes it
+    out: list[RelayResult] = []
+    ended = threading.Event()
+    kernel.start(inner_c, inner_s, lambda r: (out.append(r), ended.set()))
+    inner_c.close()
+    inner_s.close()
+    server.settimeout(20)
+    assert _recv_all(server) == b"and goodbye"
+    server.shutdown(socket.SHUT_WR)
+    assert ended.wait(20) and out[0].ended == "eof"
+    assert kernel.maps is not None and bpf.map_keys(kernel.maps.peers, 8) == []
+    client.close()
+    server.close()
+
+
+def test_a_bug_or_a_failing_callback_costs_one_tunnel_not_the_thread(
+    kernel: sockmap.Kernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real, calls = sockmap.Kernel._carry_fins, [0]
+
+    def buggy_once(self: sockmap.Kernel, tunnel: object) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("a planted bug")
+        real(self, tunnel)  # type: ignore[arg-type]
+
+    def failing(result: RelayResult) -> None:
+        raise RuntimeError("a callback that fails")
+
+    monkeypatch.setattr(sockmap.Kernel, "_carry_fins", buggy_once)
+    client, inner_c = _pair()
+    inner_s, server = _pair()
+    kernel.start(inner_c, inner_s, failing)
+    inner_c.close()
+    inner_s.close()
+    server.settimeout(20)
+    client.shutdown(socket.SHUT_WR)  # its FIN meets the bug: that tunnel is cut ...
+    with pytest.raises(ConnectionResetError):
+        _recv_all(server)
+    client.close()
+    server.close()
+    with tunnel(sockmap.start) as (client, server, out):  # ... and the next one works
+        client.sendall(b"fine")
+        client.shutdown(socket.SHUT_WR)
+        assert _recv_all(server) == b"fine"
+        server.shutdown(socket.SHUT_WR)
+    assert out[0].ended == "eof"
