@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandgate.gcpause import paused_gc
 from sandgate.policy.decide import (
     GATEWAY_PROXY_PORTS,
     Attempt,
@@ -597,6 +598,13 @@ def guest_add(
     link: GuestLink, profile: Profile, limits: Limits = Limits()
 ) -> tuple[list[Json], dict[str, Site]]:
     """Commands that add one guest (apply them in one batch, after ``base_ruleset``)."""
+    with paused_gc():  # 100,000 rules' JSON all lives on (sandgate/gcpause.py)
+        return _guest_add(link, profile, limits)
+
+
+def _guest_add(
+    link: GuestLink, profile: Profile, limits: Limits
+) -> tuple[list[Json], dict[str, Site]]:
     g = link.ifname
     b = _Builder("inet", limits)
     fwd, inp = f"fwd_{g}", f"in_{g}"

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from sandgate.errors import PolicyError, PolicyProblem
+from sandgate.gcpause import paused_gc
 from sandgate.policy.hostparse import HostParseError, IPHost, parse_host
 from sandgate.policy.locate import Position, Positions, find
 from sandgate.policy.model import (
@@ -36,6 +37,7 @@ from sandgate.policy.model import (
     front_upstream,
 )
 from sandgate.policy.overlay import BUILTIN_NAME, EXTENDS, OverlayFile
+from sandgate.policy.plainrules import read_plain_rules
 from sandgate.policy.profile import (
     Expose,
     Front,
@@ -72,9 +74,8 @@ class Policy:
     def check(self) -> None:
         """Rules that repeat each other, are made dead by a deny rule, or name a guest."""
         problems = []
-        for name, spec in self.file.profiles.items():
-            allow = rules_from_specs("allow", spec.allow, f"{name}.allow")
-            deny = rules_from_specs("deny", spec.deny, f"{name}.deny")
+        for name in self.file.profiles:
+            allow, deny = self._file_rules(name)
             problems += check_rules(allow, deny, self._where)
             problems += _pool_rules(allow, self.file.gateway.pool, self._where)
         problems += _expose_problems(self.file, self.positions, self.source)
@@ -87,6 +88,19 @@ class Policy:
     @property
     def _was_checked(self) -> bool:
         return bool(getattr(self, "_checked", False))
+
+    def _file_rules(self, name: str) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
+        """The file's own allow and deny rules of profile ``name``, made once: ``check()`` and
+        every ``profile()`` share them (frozen; 100,000 rules are worth not making twice)."""
+        made: dict[str, tuple[tuple[Rule, ...], tuple[Rule, ...]]]
+        made = self.__dict__.setdefault("_rules", {})
+        if name not in made:
+            spec = self.file.profiles[name]
+            made[name] = (
+                rules_from_specs("allow", spec.allow, f"{name}.allow"),
+                rules_from_specs("deny", spec.deny, f"{name}.deny"),
+            )
+        return made[name]
 
     @property
     def builtin(self) -> bool:
@@ -148,8 +162,7 @@ class Policy:
                     )
                 ]
             )
-        allow = rules_from_specs("allow", spec.allow, f"{chosen}.allow")
-        deny = rules_from_specs("deny", spec.deny, f"{chosen}.deny")
+        allow, deny = self._file_rules(chosen)
         allow += tuple(
             Rule("allow", s, f"--allow[{i}]") for i, s in _cli_rules(extra_allow, "--allow")
         )
@@ -293,6 +306,11 @@ def load_policy(path: str | Path | None = None) -> Policy:
 
 
 def parse_policy(text: bytes, source: str) -> Policy:
+    with paused_gc():  # a large file's objects all live on (sandgate/gcpause.py)
+        return _parse_policy(text, source)
+
+
+def _parse_policy(text: bytes, source: str) -> Policy:
     try:
         raw = tomllib.loads(text.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -320,7 +338,8 @@ def parse_policy(text: bytes, source: str) -> Policy:
     if EXTENDS in raw:
         return parse_overlay(raw, positions, source)
     try:
-        file = PolicyFile.model_validate(raw)
+        # Plain rule entries are read without pydantic (policy/plainrules.py), the rest by it.
+        file = PolicyFile.model_validate(read_plain_rules(raw))
     except ValidationError as exc:
         found = [_problem_from_pydantic(err, positions, source) for err in exc.errors()]
         raise PolicyError(sorted(found, key=_in_file_order)) from None
