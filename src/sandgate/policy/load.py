@@ -547,11 +547,12 @@ def _world_only_keys(
                         f"{key!r} is set by sandgate's test world only",
                         "remove it; to reach a network, add an allow rule for it",
                     )
-                else:
+                elif isinstance(value, dict | list):  # a scalar holds no key
                     yield from walk(value, (*path, key))
         elif isinstance(node, list):
             for i, item in enumerate(node):
-                yield from walk(item, (*path, i))
+                if isinstance(item, dict | list):
+                    yield from walk(item, (*path, i))
 
     return walk(raw, ())
 

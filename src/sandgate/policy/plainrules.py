@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandgate.policy.model import RuleSpec, _cidr_network, _host_network, _protocols, _unmapped
-from sandgate.policy.patterns import PatternError, parse_pattern
+from sandgate.policy.patterns import parse_pattern
 
 _TARGETS = ("domain", "cidr", "host")
 _KEYS = frozenset({*_TARGETS, "port", "protocol", "name"})
@@ -24,31 +24,47 @@ _PROTOCOLS = frozenset({"tcp", "udp", "icmp", "any"})
 _DEFAULTS: dict[str, Any] = dict.fromkeys(RuleSpec.model_fields)
 # (port, protocol) -> (ports, protocols): a few scopes serve a whole list.
 _SCOPES: dict[tuple[int | None, str | None], tuple[Any, Any]] = {}
+# An entry's keys, in order -> its one target key, or "" where pydantic must read it.
+_SHAPES: dict[tuple[str, ...], str] = {}
 _set = object.__setattr__
+
+
+def _target(shape: tuple[str, ...]) -> str:
+    given = [k for k in _TARGETS if k in shape]
+    return given[0] if len(given) == 1 and _KEYS.issuperset(shape) else ""
 
 
 def plain_rule(entry: object) -> RuleSpec | None:
     """The ``RuleSpec`` pydantic would make of ``entry``, or None where pydantic must read it."""
-    if type(entry) is not dict or not entry.keys() <= _KEYS:
+    if type(entry) is not dict:
         return None
+    shape = tuple(entry)
+    target = _SHAPES.get(shape)
+    if target is None:
+        target = _target(shape)
+        if len(_SHAPES) < 256:  # a file has a few shapes; an odd one is not remembered
+            _SHAPES[shape] = target
+    if not target:
+        return None
+    text = entry[target]
     port = entry.get("port")
     protocol = entry.get("protocol")
-    name = entry.get("name")
-    if port is not None and (type(port) is not int or not 1 <= port <= 65535):
+    if type(text) is not str or (port is not None and type(port) is not int):
         return None
-    if protocol is not None and (type(protocol) is not str or protocol not in _PROTOCOLS):
+    if protocol is not None and type(protocol) is not str:
         return None
-    if name is not None and type(name) is not str:
+    if "name" in entry and type(entry["name"]) is not str:
         return None
-    if port is not None and protocol == "icmp":
-        return None  # the model's "ICMP has no ports"
-    given = [k for k in _TARGETS if k in entry]
-    if len(given) != 1:
-        return None
-    target = given[0]
-    text = entry[target]
-    if type(text) is not str:
-        return None
+    scope = _SCOPES.get((port, protocol))
+    if scope is None:
+        if port is not None and not 1 <= port <= 65535:
+            return None
+        if protocol is not None and protocol not in _PROTOCOLS:
+            return None
+        if port is not None and protocol == "icmp":
+            return None  # the model's "ICMP has no ports"
+        ports = ((port, port),) if port is not None else ()
+        scope = _SCOPES[(port, protocol)] = (ports, _protocols(protocol, has_ports=bool(ports)))
     try:
         if target == "domain":
             pattern, network = parse_pattern(text), None
@@ -56,21 +72,19 @@ def plain_rule(entry: object) -> RuleSpec | None:
             pattern, network = None, _unmapped(_cidr_network(text))
         else:
             pattern, network = None, _unmapped(_host_network(text))
-    except (ValueError, PatternError):
+    except ValueError:  # PatternError too
         return None  # the model words the error
-    scope = _SCOPES.get((port, protocol))
-    if scope is None:
-        ports = ((port, port),) if port is not None else ()
-        scope = _SCOPES[(port, protocol)] = (ports, _protocols(protocol, has_ports=bool(ports)))
     spec = RuleSpec.__new__(RuleSpec)
     values = _DEFAULTS.copy()
     values.update(entry)
     # The cached properties' values, where functools.cached_property keeps them.
-    values["pattern"], values["network"] = pattern, network
+    values["pattern"] = pattern
+    values["network"] = network
     values["ports"], values["protocols"] = scope
+    values["requests"] = ()  # no http
     # What model_construct sets (pydantic 2): the test compares with model_validate.
     _set(spec, "__dict__", values)
-    _set(spec, "__pydantic_fields_set__", set(entry))
+    _set(spec, "__pydantic_fields_set__", set(shape))
     _set(spec, "__pydantic_extra__", None)
     _set(spec, "__pydantic_private__", None)
     return spec
