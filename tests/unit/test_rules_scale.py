@@ -154,3 +154,34 @@ def test_the_plain_cidr_shortcut_reads_as_ip_network() -> None:
         assert outcome(_cidr_network, text) == outcome(_cidr_network_slow, text), text
 
     agree()
+
+
+def test_the_special_block_bisection_is_the_scan() -> None:
+    """``touches_special`` (one bisection of the blocks' union) says what a scan of every
+    special block says, at and around each block's edges."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from sandgate.policy.classify import BLOCKS
+    from sandgate.policy.exemptions import touches_special
+
+    v4 = [b.network for b in BLOCKS if isinstance(b.network, ipaddress.IPv4Network)]
+    edges = sorted(
+        {e + d for n in v4 for e in (int(n.network_address), int(n.broadcast_address))
+         for d in (-1, 0, 1) if 0 <= e + d < 2**32}
+    )  # fmt: skip
+
+    def scan(net: ipaddress.IPv4Network) -> bool:
+        return any(net.overlaps(n) for n in v4)
+
+    for value in edges:
+        for length in (0, 4, 8, 12, 16, 24, 31, 32):
+            net = ipaddress.IPv4Network((value, length), strict=False)
+            assert touches_special(net) == scan(net), net
+
+    @given(st.integers(0, 2**32 - 1), st.integers(0, 32))
+    def agree(value: int, length: int) -> None:
+        net = ipaddress.IPv4Network((value, length), strict=False)
+        assert touches_special(net) == scan(net), net
+
+    agree()
