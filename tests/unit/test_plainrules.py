@@ -134,6 +134,6 @@ def test_a_file_loads_as_it_did_without_the_shortcut(entries: list[str]) -> None
     text = _file(entries)
     fast = _outcome(text)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(load, "read_plain_rules", lambda raw: raw)
+        mp.setattr(load, "read_plain_rules", lambda raw: (raw, {}))
         slow = _outcome(text)
     assert fast == slow, entries

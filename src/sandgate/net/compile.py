@@ -1014,7 +1014,8 @@ def _scope_match(rule: Rule) -> list[Json]:
 
 
 def _prefix(net: IPNetwork) -> Json | str:
-    if net.num_addresses == 1:
+    # By the prefix length: num_addresses computes the broadcast address (50,000 elements).
+    if net.prefixlen == net.max_prefixlen:
         return str(net.network_address)
     return {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}
 

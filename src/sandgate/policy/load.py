@@ -37,7 +37,7 @@ from sandgate.policy.model import (
     front_upstream,
 )
 from sandgate.policy.overlay import BUILTIN_NAME, EXTENDS, OverlayFile
-from sandgate.policy.plainrules import read_plain_rules
+from sandgate.policy.plainrules import put_plain_rules, read_plain_rules
 from sandgate.policy.profile import (
     Expose,
     Front,
@@ -339,10 +339,12 @@ def _parse_policy(text: bytes, source: str) -> Policy:
         return parse_overlay(raw, positions, source)
     try:
         # Plain rule entries are read without pydantic (policy/plainrules.py), the rest by it.
-        file = PolicyFile.model_validate(read_plain_rules(raw))
+        plain, whole = read_plain_rules(raw)
+        file = PolicyFile.model_validate(plain)
     except ValidationError as exc:
         found = [_problem_from_pydantic(err, positions, source) for err in exc.errors()]
         raise PolicyError(sorted(found, key=_in_file_order)) from None
+    put_plain_rules(file, whole)
     policy = Policy(file, source, positions)
     policy.check()
     return policy
