@@ -185,3 +185,32 @@ def test_the_special_block_bisection_is_the_scan() -> None:
         assert touches_special(net) == scan(net), net
 
     agree()
+
+
+def test_touching_networks_of_a_group_are_one_interval() -> None:
+    """A grouped set's elements (touching networks merged) hold exactly the group's networks."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from sandgate.net.compile import _intervals
+    from tests.nfteval import elem_has
+
+    @given(st.sets(st.integers(0, 63), max_size=40), st.sampled_from([24, 26, 30, 32]))
+    def agree(picked: set[int], length: int) -> None:
+        size = 1 << (32 - length)
+        base = 0x0B000000
+        nets = [ipaddress.IPv4Network((base + i * size, length)) for i in sorted(picked)]
+        starts = [int(n.network_address) for n in nets]
+        ends = [int(n.broadcast_address) for n in nets]
+        elems = _intervals(starts, ends)
+        assert len(elems) <= len(nets)
+        for value in range(base - 1, base + 64 * size + 1, max(1, size // 4)):
+            for v in (value, value + size - 1):
+                address = ipaddress.IPv4Address(v)
+                inside = any(address in n for n in nets)
+                assert any(elem_has(e, address) for e in elems) == inside, (address, elems)
+
+    agree()
+    # touching networks are one element; a gap keeps two
+    assert len(_intervals([0x0B000000, 0x0B000100], [0x0B0000FF, 0x0B0001FF])) == 1
+    assert len(_intervals([0x0B000000, 0x0B000200], [0x0B0000FF, 0x0B0002FF])) == 2

@@ -223,7 +223,7 @@ class _Builder:
         """One interval set of the group's networks, one rule, one verdict site."""
         name = f"r{self._groups}_{guest}"
         self._groups += 1
-        elems = [_prefix(r.spec.network) for r in group.rules if r.spec.network is not None]
+        elems = _intervals(group.starts, group.ends)
         self.add("set", name=name, type="ipv4_addr", flags=["interval"], elem=elems)
         site = self.site(chain, guest, decision, group=group, group_set=name)
         self.rule(
@@ -1018,6 +1018,32 @@ def _prefix(net: IPNetwork) -> Json | str:
     if net.prefixlen == net.max_prefixlen:
         return str(net.network_address)
     return {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}
+
+
+def _intervals(starts: Sequence[int], ends: Sequence[int]) -> list[Json | str]:
+    """Sorted, disjoint IPv4 spans as interval-set elements, touching ones merged: the kernel
+    keeps each interval as two elements, and builds a notification for each one it adds
+    whenever anything on the host listens for nftables changes (the gateway's own commit
+    monitor does), most of a 100,000-rule apply."""
+    out: list[Json | str] = []
+    lo = hi = -2
+    for start, end in zip(starts, ends, strict=True):
+        if start == hi + 1:
+            hi = end
+            continue
+        if lo >= 0:
+            out.append(_span_element(lo, hi))
+        lo, hi = start, end
+    if lo >= 0:
+        out.append(_span_element(lo, hi))
+    return out
+
+
+def _span_element(lo: int, hi: int) -> Json | str:
+    size = hi - lo + 1
+    if size & (size - 1) == 0 and lo % size == 0:  # a prefix
+        return _prefix(ipaddress.IPv4Network((lo, 32 - size.bit_length() + 1)))
+    return {"range": [str(ipaddress.IPv4Address(lo)), str(ipaddress.IPv4Address(hi))]}
 
 
 def _prefixes(nets: Iterable[IPNetwork]) -> list[Json | str]:
