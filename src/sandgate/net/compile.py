@@ -349,39 +349,11 @@ def base_ruleset(
     # where the gateway must speak TLS itself: to its own address (fronted services) and to
     # addresses of names the guest's profile inspects (filled in by the resolver, with TTLs).
     web = [_match(_meta("iifname"), guest_links), _match(_meta("l4proto"), "tcp")]
-    # Plain HTTP to a host:port whose allow rule judges requests (http = [...]) goes to the
-    # proxy too, so neither --noproxy nor a raw socket goes around the request rules.
-    intercepted = {"concat": [_meta("iifname"), _payload("ip", "daddr"), _payload("th", "dport")]}
-    to_http_door = {"redirect": {"port": PROXY_HTTP_PORT}}
-    b.rule("prerouting", *web, _match(intercepted, "@intercept4"), to_http_door)
-    b.rule(
-        "prerouting",
-        *web,
-        _match(_payload("th", "dport"), 80),
-        {"redirect": {"port": PROXY_HTTP_PORT}},
-    )
     local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local")
-    b.rule(
-        "prerouting",
-        *web,
-        _match(_payload("th", "dport"), 443),
-        local,
-        {"redirect": {"port": PROXY_TLS_PORT}},
-    )
     inspected = {"concat": [_meta("iifname"), _payload("ip", "daddr")]}
-    b.rule(
-        "prerouting",
-        *web,
-        _match(_payload("th", "dport"), 443),
-        _match(inspected, "@inspect4"),
-        {"redirect": {"port": PROXY_TLS_PORT}},
-    )
-    b.rule(
-        "postrouting",
-        _match(_meta("oifname"), uplink),
-        _match(_payload("ip", "saddr"), _prefix(pool)),
-        {"masquerade": None},
-    )
+    tls = [[local], [_match(inspected, "@inspect4")]]
+    _to_proxy(b, web, _payload("ip", "daddr"), "intercept4", tls, all_http=True)
+    _masquerade(b, uplink, _payload("ip", "saddr"), pool)
     if ipv6:
         _base6(b, uplink, guest_links, public_override)
     cmds += b.cmds
@@ -446,23 +418,46 @@ def _base6(
         _match(_meta("nfproto"), "ipv6"),
         _match(_meta("l4proto"), "tcp"),
     ]
-    intercepted = {"concat": [_meta("iifname"), _payload("ip6", "daddr"), _payload("th", "dport")]}
-    b.rule(
-        "prerouting",
-        *web,
-        _match(intercepted, "@intercept6"),
-        {"redirect": {"port": PROXY_HTTP_PORT}},
-    )
-    b.rule(
-        "prerouting",
-        *web,
-        _match(_payload("th", "dport"), 443),
-        {"redirect": {"port": PROXY_TLS_PORT}},
-    )
+    # Port 80 is the IPv4 rule's (it names no family); all TLS goes to the TLS door.
+    _to_proxy(b, web, _payload("ip6", "daddr"), "intercept6", [[]], all_http=False)
+    _masquerade(b, uplink, _payload("ip6", "saddr"), GUEST_POOL6)
+
+
+def _to_proxy(
+    b: _Builder,
+    web: list[Json],
+    daddr: Json,
+    intercept_set: str,
+    tls: list[list[Json]],
+    *,
+    all_http: bool,
+) -> None:
+    """A family's web traffic (``web``: from a guest link, TCP) to the proxy's doors: plain
+    HTTP to a host:port whose allow rule judges requests (``intercept_set``, so neither
+    --noproxy nor a raw socket goes around the request rules), with ``all_http`` every port
+    80, and port 443 where each of ``tls`` matches (the rest of TLS stays with the kernel's
+    ClientHello gate)."""
+    intercepted = {"concat": [_meta("iifname"), daddr, _payload("th", "dport")]}
+    to_http = {"redirect": {"port": PROXY_HTTP_PORT}}
+    b.rule("prerouting", *web, _match(intercepted, "@" + intercept_set), to_http)
+    if all_http:
+        b.rule("prerouting", *web, _match(_payload("th", "dport"), 80), to_http)
+    for more in tls:
+        b.rule(
+            "prerouting",
+            *web,
+            _match(_payload("th", "dport"), 443),
+            *more,
+            {"redirect": {"port": PROXY_TLS_PORT}},
+        )
+
+
+def _masquerade(b: _Builder, uplink: str, saddr: Json, pool: IPNetwork) -> None:
+    """The guests' flows leave with the uplink's address: a source never names a guest."""
     b.rule(
         "postrouting",
         _match(_meta("oifname"), uplink),
-        _match(_payload("ip6", "saddr"), _prefix(GUEST_POOL6)),
+        _match(saddr, _prefix(pool)),
         {"masquerade": None},
     )
 
