@@ -332,14 +332,15 @@ def _parse_policy(text: bytes, source: str) -> Policy:
             [PolicyProblem(source, line, col, f"TOML syntax: {msg}", "fix the syntax at that spot")]
         ) from exc
     positions = Positions(text)  # walked only if a problem needs its line
-    problems = list(_world_only_keys(raw, positions, source))
+    # Plain rule entries are read without pydantic (policy/plainrules.py), the rest by it. A
+    # plain entry has a rule's keys only, none of the test world's: the walk passes them by.
+    plain, whole = read_plain_rules(raw) if EXTENDS not in raw else (raw, {})
+    problems = list(_world_only_keys(plain, positions, source))
     if problems:
         raise PolicyError(problems)
     if EXTENDS in raw:
         return parse_overlay(raw, positions, source)
     try:
-        # Plain rule entries are read without pydantic (policy/plainrules.py), the rest by it.
-        plain, whole = read_plain_rules(raw)
         file = PolicyFile.model_validate(plain)
     except ValidationError as exc:
         found = [_problem_from_pydantic(err, positions, source) for err in exc.errors()]
@@ -454,7 +455,9 @@ def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list
 def _same_key(spec: RuleSpec) -> tuple[Any, ...]:
     """Two rules repeat each other when their keys are equal. Patterns compare by their normal
     form ("PyPI.org" repeats "pypi.org")."""
-    return (spec.network, str(spec.pattern), spec.ports, spec.protocols)
+    pattern = spec.pattern
+    named = (pattern.base, pattern.wildcard) if pattern is not None else None  # its str()
+    return (spec.network, named, spec.ports, spec.protocols)
 
 
 def _covers(wide: RuleSpec, narrow: RuleSpec) -> bool:
