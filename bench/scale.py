@@ -266,7 +266,7 @@ def part_rules(bs: BenchStack, quick: bool, n: int = 100_000) -> dict[str, Any]:
     from sandgate.errors import RulesetRejected
     from sandgate.explain import explain
     from sandgate.net.compile import GuestLink, base_ruleset, guest_add
-    from sandgate.net.nft import Nft, batch
+    from sandgate.net.nft import CommitMonitor, Nft, batch
     from sandgate.policy.load import load_policy
     from sandgate.policy.model import Protocol
 
@@ -295,6 +295,7 @@ def part_rules(bs: BenchStack, quick: bool, n: int = 100_000) -> dict[str, Any]:
     apply_error: str | None = None
     objects: dict[str, int] = {}
     listeners = nft_listeners()
+    monitor_lost: int | None = None
     try:
         # The guest's link must exist for its netdev ingress chain: a veth of that name.
         subprocess.run(
@@ -319,6 +320,9 @@ def part_rules(bs: BenchStack, quick: bool, n: int = 100_000) -> dict[str, Any]:
         # (on the worker thread's behalf) run; the kernel's share grows with every nftables
         # listener on the host (see rules_100k_nft_listeners).
         worker = ns.NsThread(scratch)
+        # The gateway's own commit monitor listens in its namespace: the kernel delivers
+        # every element's notification to it.
+        monitor = worker.call(CommitMonitor)
         try:
             nft = Nft.on(worker)
             t4, c4 = time.perf_counter(), time.process_time()
@@ -329,7 +333,12 @@ def part_rules(bs: BenchStack, quick: bool, n: int = 100_000) -> dict[str, Any]:
             apply_ms = round((time.perf_counter() - t4) * 1000, 1)
             apply_cpu_ms = round((time.process_time() - c4) * 1000, 1)
             nft.close()
+            for _ in range(200):  # drained to the commit's NEWGEN: an overrun shows on reading
+                if worker.call(monitor.read) or monitor.overruns:
+                    break
+            monitor_lost = monitor.overruns
         finally:
+            worker.call(monitor.close)
             worker.close()
         if apply_error is None:
             out = subprocess.run(
@@ -377,6 +386,8 @@ def part_rules(bs: BenchStack, quick: bool, n: int = 100_000) -> dict[str, Any]:
         # Sockets on the host listening for nftables changes (a gateway's commit monitor, `nft
         # monitor`): with any, the kernel builds a notification for every element it adds.
         "rules_100k_nft_listeners": listeners,
+        # Notifications the commit monitor lost (its receive buffer overran): must be 0.
+        "rules_100k_monitor_overruns": monitor_lost,
         "rules_100k_set_elements": sum(
             len(c["add"]["set"].get("elem", []))
             for c in cmds

@@ -24,7 +24,7 @@ from sandgate.net.compile import (
     guest_remove,
     pin_elements,
 )
-from sandgate.net.nft import Nft, NftIn, batch
+from sandgate.net.nft import CommitMonitor, Nft, NftIn, batch
 from sandgate.policy.load import parse_policy
 from sandgate.policy.pins import pin_rules
 from sandgate.policy.profile import Profile
@@ -106,3 +106,43 @@ def test_domain_rules_share_pin_sets_in_the_kernel() -> None:
         assert _sets(name)["pin_g0_a1"] == 2
         nft.run(batch(*guest_remove(link, sites.values(), profile)))
         assert not [s for s in _sets(name) if s.startswith("pin_")]
+
+
+def test_the_commit_monitor_sees_a_large_commit_whole() -> None:
+    """The gateway's commit monitor (net/nft.py) listens while the gateway adds a 100,000-rule
+    guest: the kernel sends it a message per set element before the commit's NEWGEN, and the
+    loop that would drain it is the one committing. Lost messages would read as another's
+    commit (gateway/selfcheck.py). 60,000 elements: twice the 100,000-rule bench's."""
+    name = f"sg-bigcommit-{secrets.token_hex(3)}"
+    ns.create(name)
+    worker = ns.NsThread(name)
+    try:
+
+        def inside() -> tuple[int, int]:
+            monitor = CommitMonitor()
+            try:
+                nft = Nft()
+                elems = [f"11.{i >> 16}.{i >> 8 & 255}.{i & 255}" for i in range(60_000)]
+                table = {"family": "inet", "table": TABLE}
+                nft.run(
+                    batch(
+                        {"add": {"table": {"family": "inet", "name": TABLE}}},
+                        {"add": {"set": {**table, "name": "big", "type": "ipv4_addr"}}},
+                        {"add": {"element": {**table, "name": "big", "elem": elems}}},
+                    )
+                )
+                nft.close()
+                seen = 0
+                for _ in range(200):  # drained to the NEWGEN; an overrun shows on reading
+                    seen += len(monitor.read())
+                    if seen or monitor.overruns:
+                        break
+                return seen, monitor.overruns
+            finally:
+                monitor.close()
+
+        seen, lost = worker.call(inside)
+    finally:
+        worker.close()
+        ns.remove(name)
+    assert (seen, lost) == (1, 0)
