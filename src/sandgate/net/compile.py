@@ -1037,8 +1037,14 @@ def _intervals(starts: Sequence[int], ends: Sequence[int]) -> list[Json | str]:
 def _span_element(lo: int, hi: int) -> Json | str:
     size = hi - lo + 1
     if size & (size - 1) == 0 and lo % size == 0:  # a prefix
-        return _prefix(ipaddress.IPv4Network((lo, 32 - size.bit_length() + 1)))
-    return {"range": [str(ipaddress.IPv4Address(lo)), str(ipaddress.IPv4Address(hi))]}
+        length = 33 - size.bit_length()
+        return _dotted(lo) if length == 32 else {"prefix": {"addr": _dotted(lo), "len": length}}
+    return {"range": [_dotted(lo), _dotted(hi)]}
+
+
+def _dotted(value: int) -> str:
+    """An IPv4 address's text from its number (str(IPv4Address) without the object)."""
+    return f"{value >> 24}.{value >> 16 & 255}.{value >> 8 & 255}.{value & 255}"
 
 
 def _prefixes(nets: Iterable[IPNetwork]) -> list[Json | str]:

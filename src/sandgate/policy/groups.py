@@ -81,9 +81,12 @@ def group_address_rules(
         if i in tangled or alone(rule):
             singles.append(rule)
         else:
-            members, member_spans = by_scope.setdefault(scope_of(rule), ([], []))
-            members.append(rule)
-            member_spans.append(spans[i])
+            scope = scope_of(rule)
+            both = by_scope.get(scope)
+            if both is None:
+                both = by_scope[scope] = ([], [])
+            both[0].append(rule)
+            both[1].append(spans[i])
     groups: list[RuleGroup] = []
     for scope, (members, member_spans) in by_scope.items():
         if len(members) < min_size:

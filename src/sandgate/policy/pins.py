@@ -161,7 +161,10 @@ def _make_pins(profile: Profile) -> _Pins:
         pin = PinRule(action, i, rule, n)
         pins.append(pin)
         set_tag = f"{action[0]}{n}"  # pin.set_tag and pin.tag, written out: 100,000 rules
-        found.setdefault(set_tag, []).append(pin)
+        members = found.get(set_tag)
+        if members is None:
+            members = found[set_tag] = []
+        members.append(pin)
         peers[action][f"{set_tag}.{i}"] = pin
         by_rule[action][id(rule)] = pin
     groups = tuple(
