@@ -214,3 +214,55 @@ def test_touching_networks_of_a_group_are_one_interval() -> None:
     # touching networks are one element; a gap keeps two
     assert len(_intervals([0x0B000000, 0x0B000100], [0x0B0000FF, 0x0B0001FF])) == 1
     assert len(_intervals([0x0B000000, 0x0B000200], [0x0B0000FF, 0x0B0002FF])) == 2
+
+
+def test_dead_allow_rules_are_found_by_index_as_by_scan() -> None:
+    """``check_rules`` finds the deny rule that makes an allow rule dead through the index
+    once the deny list is long; the same problems, in the same order, as the scan of every
+    deny rule for every allow rule."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from sandgate.errors import PolicyProblem
+    from sandgate.policy import load
+    from sandgate.policy.model import RuleSpec
+    from sandgate.policy.profile import Rule
+
+    targets = st.one_of(
+        st.builds(
+            lambda w, a, b: {"domain": ("*." if w else "") + ".".join(x for x in (a, b) if x)},
+            st.booleans(),
+            st.sampled_from(["", "a", "b.a"]),
+            st.sampled_from(["x.com", "y.x.com", "com.x"]),
+        ),
+        st.builds(
+            lambda n, length: {"cidr": str(ipaddress.IPv4Network((n << 24, length), strict=False))},
+            st.integers(11, 13),
+            st.sampled_from([8, 16, 24, 32]),
+        ).map(lambda d: {"cidr": d["cidr"]}),
+        st.builds(lambda n: {"cidr": f"11.0.{n}.0/24"}, st.integers(0, 3)),
+    )
+    specs = st.builds(
+        lambda t, port: RuleSpec.model_validate({**t, **({"port": port} if port else {})}),
+        targets,
+        st.sampled_from([None, 443, 22]),
+    )
+
+    def where(ref: str) -> PolicyProblem:
+        return PolicyProblem(ref, None, None, "")
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(specs, max_size=12), st.lists(specs, min_size=16, max_size=30))
+    def agree(allow_specs: list[RuleSpec], deny_specs: list[RuleSpec]) -> None:
+        allow = [Rule("allow", s, f"p.allow[{i}]") for i, s in enumerate(allow_specs)]
+        deny = [Rule("deny", s, f"p.deny[{i}]") for i, s in enumerate(deny_specs)]
+        fast = load.check_rules(allow, deny, where)
+        original = load._blockers
+        try:
+            load._blockers = lambda rules: lambda rule: rules  # type: ignore[assignment]
+            slow = load.check_rules(allow, deny, where)
+        finally:
+            load._blockers = original
+        assert fast == slow
+
+    agree()

@@ -437,8 +437,9 @@ def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list
                 problems.append(
                     _at(where(rule.ref), f"{rule} repeats {earlier}", "delete one of them")
                 )
+    blockers = _blockers(deny)
     for rule in allow:
-        for blocker in deny:
+        for blocker in blockers(rule):
             if _covers(blocker.spec, rule.spec):
                 problems.append(
                     _at(
@@ -450,6 +451,35 @@ def check_rules(allow: Sequence[Rule], deny: Sequence[Rule], where: Any) -> list
                 )
                 break
     return problems
+
+
+def _blockers(deny: Sequence[Rule]) -> Any:
+    """For an allow rule, the deny rules that could cover it (``_covers``), in profile order:
+    by the index (policy/index.py) once the deny list is long, not every deny rule for every
+    allow rule (100,000 allow rules by 1,000 deny rules were 10^8 comparisons). A pattern is
+    covered by exact and wildcard patterns that match its base, and by the same wildcard; a
+    network by networks that hold its first address."""
+    if len(deny) < 16:
+        return lambda rule: deny
+    from sandgate.policy.index import RuleList
+
+    index = RuleList.of(deny)
+    order = {id(r): i for i, r in enumerate(deny)}
+
+    def blockers(rule: Rule) -> list[Rule]:
+        spec = rule.spec
+        if spec.pattern is not None:
+            found = index.candidates(None, spec.pattern.base)
+            same = index.wild.get(spec.pattern.base) if spec.pattern.wildcard else None
+            if same:  # "*.x.com" covers "*.x.com", whose base it does not match
+                numbers = sorted({order[id(r)] for r in found} | set(same))
+                found = [deny[i] for i in numbers]
+            return found
+        if spec.network is not None:
+            return index.candidates(spec.network.network_address, None)
+        return []
+
+    return blockers
 
 
 def _same_key(spec: RuleSpec) -> tuple[Any, ...]:
