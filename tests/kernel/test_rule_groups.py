@@ -77,11 +77,19 @@ def test_grouped_rules_apply_and_go_with_the_guest() -> None:
     allow = [f'{{ cidr = "11.{i // 128}.{i % 128 * 2}.0/24", port = 443 }}' for i in range(2000)]
     allow += ['{ cidr = "12.0.0.0/24", port = 443 }', '{ cidr = "12.0.1.0/24", port = 443 }']
     allow += ['{ cidr = "11.0.0.0/22", port = "440-450" }']  # overlaps: sites of their own
-    text = f'[profiles.big]\ninternet = "allowlist"\nallow = [{", ".join(allow)}]\n'
+    # Deny rules: one set for the forward and the input chain, removed once.
+    deny = [f'{{ cidr = "13.0.{i * 2}.0/24", port = 22 }}' for i in range(20)]
+    text = (
+        f'[profiles.big]\ninternet = "allowlist"\nallow = [{", ".join(allow)}]\n'
+        f"deny = [{', '.join(deny)}]\n"
+    )
     with _applied(text, "groups") as (name, nft, link, profile, sites):
         grouped = [s for s in sites.values() if s.group is not None]
-        assert [len(s.group.rules) for s in grouped if s.group] == [2000]
-        assert _sets(name)[grouped[0].group_set] == 1999  # 1998 apart, 2 touching as one
+        assert sorted(len(s.group.rules) for s in grouped if s.group) == [20, 20, 2000]
+        allowed = next(s for s in grouped if s.group and len(s.group.rules) == 2000)
+        assert _sets(name)[allowed.group_set] == 1999  # 1998 apart, 2 touching as one
+        denied = {s.group_set for s in grouped if s.group and len(s.group.rules) == 20}
+        assert len(denied) == 1 and _sets(name)[denied.pop()] == 20
         nft.run(batch(*guest_remove(link, sites.values(), profile)))
         assert not [s for s in _sets(name) if s.startswith("r") and s.endswith("_g0")]
 

@@ -219,16 +219,22 @@ class _Builder:
         self.sites[prefix] = Site(prefix, guest, decision, counter, group, group_set, pins)
         return {"jump": {"target": name}}
 
-    def grouped(self, chain: str, guest: str, group: RuleGroup, decision: Decision) -> None:
-        """One interval set of the group's networks, one rule, one verdict site."""
-        name = f"r{self._groups}_{guest}"
-        self._groups += 1
-        elems = _intervals(group.starts, group.ends)
-        self.add("set", name=name, type="ipv4_addr", flags=["interval"], elem=elems)
+    def grouped(
+        self, chain: str, guest: str, group: RuleGroup, decision: Decision, made: str = ""
+    ) -> str:
+        """One interval set of the group's networks (``made``: the one made for another chain
+        already), one rule, one verdict site; the set's name."""
+        name = made
+        if not name:
+            name = f"r{self._groups}_{guest}"
+            self._groups += 1
+            elems = _intervals(group.starts, group.ends)
+            self.add("set", name=name, type="ipv4_addr", flags=["interval"], elem=elems)
         site = self.site(chain, guest, decision, group=group, group_set=name)
         self.rule(
             chain, _match(_payload("ip", "daddr"), "@" + name), *_scope_match(group.rules[0]), site
         )
+        return name
 
     def mark(self, guest: str | None, decision: Decision) -> list[Json]:
         """A logging site inside another rule (no verdict of its own): counter, limit, log."""
@@ -618,8 +624,7 @@ def _guest_add(
     )
     for rule in denies:
         b.rule(fwd, *_rule_match(rule), b.site(fwd, g, deny(Reason.RULE_DENY, rule=rule)))
-    for group in deny_groups:
-        b.grouped(fwd, g, group, deny(Reason.RULE_DENY))
+    deny_sets = [b.grouped(fwd, g, group, deny(Reason.RULE_DENY)) for group in deny_groups]
     b.rule(
         fwd,
         _match(_payload("ip", "daddr"), _prefix(profile.guest_pool)),
@@ -674,10 +679,13 @@ def _guest_add(
         _match(_payload("th", "dport"), {"set": list(PROXY_PORTS)}),
         {"accept": None},
     )
-    # Deny rules before the gateway's other ports, as decide() judges them (step 2 before 3).
-    for rule in profile.deny:
-        if rule.spec.network is not None and rule.spec.network.version == 4:
-            b.rule(inp, *_rule_match(rule), b.site(inp, g, deny(Reason.RULE_DENY, rule=rule)))
+    # Deny rules before the gateway's other ports, as decide() judges them (step 2 before 3):
+    # grouped as in the forward chain, through the same sets (a blocklist of 100,000 networks
+    # is a few sites here too, not one chain each).
+    for rule in denies:
+        b.rule(inp, *_rule_match(rule), b.site(inp, g, deny(Reason.RULE_DENY, rule=rule)))
+    for group, name in zip(deny_groups, deny_sets, strict=True):
+        b.grouped(inp, g, group, deny(Reason.RULE_DENY), made=name)
     # A port of the host's own loopback, relayed by the gateway (gateway/hostlo.py): after
     # the deny rules, as decide() judges it.
     for rule in profile.host_loopback():
@@ -829,9 +837,8 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
         {"delete": {"set": {"family": "inet", "table": TABLE, "name": pin_set(g, p.tag)}}}
         for p in pin_groups(profile)
     ]
-    cmds += [
-        {"delete": {"set": {**_inet, "name": site.group_set}}} for site in sites if site.group_set
-    ]
+    grouped = dict.fromkeys(site.group_set for site in sites if site.group_set)  # a set serves
+    cmds += [{"delete": {"set": {**_inet, "name": name}}} for name in grouped]  # two chains
     cmds += [{"delete": {"set": {**_inet, "name": n}}} for n in pin6_sets]
     return cmds
 
