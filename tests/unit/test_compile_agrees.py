@@ -537,6 +537,8 @@ def test_grouped_address_rules_keep_decides_rule_and_order() -> None:
     deny = [f'{{ cidr = "11.3.{i}.0/24", port = 443 }}' for i in range(10)]
     deny += ['{ cidr = "11.3.0.0/23" }', '{ cidr = "11.3.0.0/16", protocol = "udp" }']
     deny += ['{ host = "11.1.7.7" }']
+    # A group that holds the gateway's own address: judged in the input chain.
+    deny += ['{ cidr = "10.201.0.20/30", port = 22 }', '{ cidr = "11.4.0.0/24", port = 22 }']
     text = (
         '[gateway]\nguest_pool = "10.201.0.0/16"\n[profiles.big]\ninternet = "allowlist"\n'
         f"allow = [{', '.join(allow)}]\ndeny = [{', '.join(deny)}]\n"
@@ -544,10 +546,15 @@ def test_grouped_address_rules_keep_decides_rule_and_order() -> None:
     profile = with_gateway(parse_policy(text.encode(), "big.toml").profile("big"))
     compiled = Compiled.of(profile)
     grouped = [s for s in compiled.sites.values() if s.group is not None]
-    assert sorted(len(s.group.rules) for s in grouped if s.group) == [8, 16, 19], grouped
+    sets = {s.group_set: s for s in grouped}
+    assert sorted(len(s.group.rules) for s in sets.values() if s.group) == [2, 8, 16, 19], grouped
+    # A deny group serves the forward and the input chain from one set (a site in each).
+    assert [s.group_set for s in grouped].count("r1_g5") == 2, grouped
     addresses = ["11.1.3.4", "11.1.0.9", "11.1.7.7", "11.2.5.9", "11.2.5.10", "11.2.19.1"]
+    addresses += [str(LINK.gateway)]
     addresses += ["11.3.2.1", "11.3.9.255", "11.3.0.1", "10.77.0.5", "8.8.8.8", "11.1.19.1"]
     ports = [("tcp", 443), ("tcp", 445), ("tcp", 80), ("tcp", 8000), ("udp", 443), ("tcp", 25)]
+    ports += [("tcp", 22)]
     for address in addresses:
         for proto, port in ports:
             pkt = Packet(IPv4Address(address), proto, port)

@@ -45,8 +45,8 @@ EXPORTS = {
     ],
     "sandgate.policy": [
         "classify", "decide", "dnsnames", "exemptions", "groups", "hostparse", "httprules",
-        "index", "limits", "load", "locate", "model", "overlay", "patterns", "pins", "profile",
-        "reach", "requests", "suggest",
+        "index", "limits", "load", "locate", "model", "overlay", "patterns", "pins", "plainrules",
+        "profile", "reach", "requests", "suggest",
     ],
     "sandgate.prove": ["catalogue", "driver", "homelab", "invariants", "runner", "vmprobes"],
     "sandgate.report": ["dashboard", "dashpage", "html", "metrics", "render", "session"],

@@ -154,3 +154,115 @@ def test_the_plain_cidr_shortcut_reads_as_ip_network() -> None:
         assert outcome(_cidr_network, text) == outcome(_cidr_network_slow, text), text
 
     agree()
+
+
+def test_the_special_block_bisection_is_the_scan() -> None:
+    """``touches_special`` (one bisection of the blocks' union) says what a scan of every
+    special block says, at and around each block's edges."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from sandgate.policy.classify import BLOCKS
+    from sandgate.policy.exemptions import touches_special
+
+    v4 = [b.network for b in BLOCKS if isinstance(b.network, ipaddress.IPv4Network)]
+    edges = sorted(
+        {e + d for n in v4 for e in (int(n.network_address), int(n.broadcast_address))
+         for d in (-1, 0, 1) if 0 <= e + d < 2**32}
+    )  # fmt: skip
+
+    def scan(net: ipaddress.IPv4Network) -> bool:
+        return any(net.overlaps(n) for n in v4)
+
+    for value in edges:
+        for length in (0, 4, 8, 12, 16, 24, 31, 32):
+            net = ipaddress.IPv4Network((value, length), strict=False)
+            assert touches_special(net) == scan(net), net
+
+    @given(st.integers(0, 2**32 - 1), st.integers(0, 32))
+    def agree(value: int, length: int) -> None:
+        net = ipaddress.IPv4Network((value, length), strict=False)
+        assert touches_special(net) == scan(net), net
+
+    agree()
+
+
+def test_touching_networks_of_a_group_are_one_interval() -> None:
+    """A grouped set's elements (touching networks merged) hold exactly the group's networks."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from sandgate.net.compile import _intervals
+    from tests.nfteval import elem_has
+
+    @given(st.sets(st.integers(0, 63), max_size=40), st.sampled_from([24, 26, 30, 32]))
+    def agree(picked: set[int], length: int) -> None:
+        size = 1 << (32 - length)
+        base = 0x0B000000
+        nets = [ipaddress.IPv4Network((base + i * size, length)) for i in sorted(picked)]
+        starts = [int(n.network_address) for n in nets]
+        ends = [int(n.broadcast_address) for n in nets]
+        elems = _intervals(starts, ends)
+        assert len(elems) <= len(nets)
+        for value in range(base - 1, base + 64 * size + 1, max(1, size // 4)):
+            for v in (value, value + size - 1):
+                address = ipaddress.IPv4Address(v)
+                inside = any(address in n for n in nets)
+                assert any(elem_has(e, address) for e in elems) == inside, (address, elems)
+
+    agree()
+    # touching networks are one element; a gap keeps two
+    assert len(_intervals([0x0B000000, 0x0B000100], [0x0B0000FF, 0x0B0001FF])) == 1
+    assert len(_intervals([0x0B000000, 0x0B000200], [0x0B0000FF, 0x0B0002FF])) == 2
+
+
+def test_dead_allow_rules_are_found_by_index_as_by_scan() -> None:
+    """``check_rules`` finds the deny rule that makes an allow rule dead through the index
+    once the deny list is long; the same problems, in the same order, as the scan of every
+    deny rule for every allow rule."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from sandgate.errors import PolicyProblem
+    from sandgate.policy import load
+    from sandgate.policy.model import RuleSpec
+    from sandgate.policy.profile import Rule
+
+    targets = st.one_of(
+        st.builds(
+            lambda w, a, b: {"domain": ("*." if w else "") + ".".join(x for x in (a, b) if x)},
+            st.booleans(),
+            st.sampled_from(["", "a", "b.a"]),
+            st.sampled_from(["x.com", "y.x.com", "com.x"]),
+        ),
+        st.builds(
+            lambda n, length: {"cidr": str(ipaddress.IPv4Network((n << 24, length), strict=False))},
+            st.integers(11, 13),
+            st.sampled_from([8, 16, 24, 32]),
+        ).map(lambda d: {"cidr": d["cidr"]}),
+        st.builds(lambda n: {"cidr": f"11.0.{n}.0/24"}, st.integers(0, 3)),
+    )
+    specs = st.builds(
+        lambda t, port: RuleSpec.model_validate({**t, **({"port": port} if port else {})}),
+        targets,
+        st.sampled_from([None, 443, 22]),
+    )
+
+    def where(ref: str) -> PolicyProblem:
+        return PolicyProblem(ref, None, None, "")
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(specs, max_size=12), st.lists(specs, min_size=16, max_size=30))
+    def agree(allow_specs: list[RuleSpec], deny_specs: list[RuleSpec]) -> None:
+        allow = [Rule("allow", s, f"p.allow[{i}]") for i, s in enumerate(allow_specs)]
+        deny = [Rule("deny", s, f"p.deny[{i}]") for i, s in enumerate(deny_specs)]
+        fast = load.check_rules(allow, deny, where)
+        original = load._blockers
+        try:
+            load._blockers = lambda rules: lambda rule: rules  # type: ignore[assignment]
+            slow = load.check_rules(allow, deny, where)
+        finally:
+            load._blockers = original
+        assert fast == slow
+
+    agree()

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandgate.gcpause import paused_gc
 from sandgate.policy.decide import (
     GATEWAY_PROXY_PORTS,
     Attempt,
@@ -218,16 +219,22 @@ class _Builder:
         self.sites[prefix] = Site(prefix, guest, decision, counter, group, group_set, pins)
         return {"jump": {"target": name}}
 
-    def grouped(self, chain: str, guest: str, group: RuleGroup, decision: Decision) -> None:
-        """One interval set of the group's networks, one rule, one verdict site."""
-        name = f"r{self._groups}_{guest}"
-        self._groups += 1
-        elems = [_prefix(r.spec.network) for r in group.rules if r.spec.network is not None]
-        self.add("set", name=name, type="ipv4_addr", flags=["interval"], elem=elems)
+    def grouped(
+        self, chain: str, guest: str, group: RuleGroup, decision: Decision, made: str = ""
+    ) -> str:
+        """One interval set of the group's networks (``made``: the one made for another chain
+        already), one rule, one verdict site; the set's name."""
+        name = made
+        if not name:
+            name = f"r{self._groups}_{guest}"
+            self._groups += 1
+            elems = _intervals(group.starts, group.ends)
+            self.add("set", name=name, type="ipv4_addr", flags=["interval"], elem=elems)
         site = self.site(chain, guest, decision, group=group, group_set=name)
         self.rule(
             chain, _match(_payload("ip", "daddr"), "@" + name), *_scope_match(group.rules[0]), site
         )
+        return name
 
     def mark(self, guest: str | None, decision: Decision) -> list[Json]:
         """A logging site inside another rule (no verdict of its own): counter, limit, log."""
@@ -348,39 +355,11 @@ def base_ruleset(
     # where the gateway must speak TLS itself: to its own address (fronted services) and to
     # addresses of names the guest's profile inspects (filled in by the resolver, with TTLs).
     web = [_match(_meta("iifname"), guest_links), _match(_meta("l4proto"), "tcp")]
-    # Plain HTTP to a host:port whose allow rule judges requests (http = [...]) goes to the
-    # proxy too, so neither --noproxy nor a raw socket goes around the request rules.
-    intercepted = {"concat": [_meta("iifname"), _payload("ip", "daddr"), _payload("th", "dport")]}
-    to_http_door = {"redirect": {"port": PROXY_HTTP_PORT}}
-    b.rule("prerouting", *web, _match(intercepted, "@intercept4"), to_http_door)
-    b.rule(
-        "prerouting",
-        *web,
-        _match(_payload("th", "dport"), 80),
-        {"redirect": {"port": PROXY_HTTP_PORT}},
-    )
     local = _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local")
-    b.rule(
-        "prerouting",
-        *web,
-        _match(_payload("th", "dport"), 443),
-        local,
-        {"redirect": {"port": PROXY_TLS_PORT}},
-    )
     inspected = {"concat": [_meta("iifname"), _payload("ip", "daddr")]}
-    b.rule(
-        "prerouting",
-        *web,
-        _match(_payload("th", "dport"), 443),
-        _match(inspected, "@inspect4"),
-        {"redirect": {"port": PROXY_TLS_PORT}},
-    )
-    b.rule(
-        "postrouting",
-        _match(_meta("oifname"), uplink),
-        _match(_payload("ip", "saddr"), _prefix(pool)),
-        {"masquerade": None},
-    )
+    tls = [[local], [_match(inspected, "@inspect4")]]
+    _to_proxy(b, web, _payload("ip", "daddr"), "intercept4", tls, all_http=True)
+    _masquerade(b, uplink, _payload("ip", "saddr"), pool)
     if ipv6:
         _base6(b, uplink, guest_links, public_override)
     cmds += b.cmds
@@ -445,23 +424,46 @@ def _base6(
         _match(_meta("nfproto"), "ipv6"),
         _match(_meta("l4proto"), "tcp"),
     ]
-    intercepted = {"concat": [_meta("iifname"), _payload("ip6", "daddr"), _payload("th", "dport")]}
-    b.rule(
-        "prerouting",
-        *web,
-        _match(intercepted, "@intercept6"),
-        {"redirect": {"port": PROXY_HTTP_PORT}},
-    )
-    b.rule(
-        "prerouting",
-        *web,
-        _match(_payload("th", "dport"), 443),
-        {"redirect": {"port": PROXY_TLS_PORT}},
-    )
+    # Port 80 is the IPv4 rule's (it names no family); all TLS goes to the TLS door.
+    _to_proxy(b, web, _payload("ip6", "daddr"), "intercept6", [[]], all_http=False)
+    _masquerade(b, uplink, _payload("ip6", "saddr"), GUEST_POOL6)
+
+
+def _to_proxy(
+    b: _Builder,
+    web: list[Json],
+    daddr: Json,
+    intercept_set: str,
+    tls: list[list[Json]],
+    *,
+    all_http: bool,
+) -> None:
+    """A family's web traffic (``web``: from a guest link, TCP) to the proxy's doors: plain
+    HTTP to a host:port whose allow rule judges requests (``intercept_set``, so neither
+    --noproxy nor a raw socket goes around the request rules), with ``all_http`` every port
+    80, and port 443 where each of ``tls`` matches (the rest of TLS stays with the kernel's
+    ClientHello gate)."""
+    intercepted = {"concat": [_meta("iifname"), daddr, _payload("th", "dport")]}
+    to_http = {"redirect": {"port": PROXY_HTTP_PORT}}
+    b.rule("prerouting", *web, _match(intercepted, "@" + intercept_set), to_http)
+    if all_http:
+        b.rule("prerouting", *web, _match(_payload("th", "dport"), 80), to_http)
+    for more in tls:
+        b.rule(
+            "prerouting",
+            *web,
+            _match(_payload("th", "dport"), 443),
+            *more,
+            {"redirect": {"port": PROXY_TLS_PORT}},
+        )
+
+
+def _masquerade(b: _Builder, uplink: str, saddr: Json, pool: IPNetwork) -> None:
+    """The guests' flows leave with the uplink's address: a source never names a guest."""
     b.rule(
         "postrouting",
         _match(_meta("oifname"), uplink),
-        _match(_payload("ip6", "saddr"), _prefix(GUEST_POOL6)),
+        _match(saddr, _prefix(pool)),
         {"masquerade": None},
     )
 
@@ -597,6 +599,13 @@ def guest_add(
     link: GuestLink, profile: Profile, limits: Limits = Limits()
 ) -> tuple[list[Json], dict[str, Site]]:
     """Commands that add one guest (apply them in one batch, after ``base_ruleset``)."""
+    with paused_gc():  # 100,000 rules' JSON all lives on (sandgate/gcpause.py)
+        return _guest_add(link, profile, limits)
+
+
+def _guest_add(
+    link: GuestLink, profile: Profile, limits: Limits
+) -> tuple[list[Json], dict[str, Site]]:
     g = link.ifname
     b = _Builder("inet", limits)
     fwd, inp = f"fwd_{g}", f"in_{g}"
@@ -615,8 +624,7 @@ def guest_add(
     )
     for rule in denies:
         b.rule(fwd, *_rule_match(rule), b.site(fwd, g, deny(Reason.RULE_DENY, rule=rule)))
-    for group in deny_groups:
-        b.grouped(fwd, g, group, deny(Reason.RULE_DENY))
+    deny_sets = [b.grouped(fwd, g, group, deny(Reason.RULE_DENY)) for group in deny_groups]
     b.rule(
         fwd,
         _match(_payload("ip", "daddr"), _prefix(profile.guest_pool)),
@@ -671,10 +679,13 @@ def guest_add(
         _match(_payload("th", "dport"), {"set": list(PROXY_PORTS)}),
         {"accept": None},
     )
-    # Deny rules before the gateway's other ports, as decide() judges them (step 2 before 3).
-    for rule in profile.deny:
-        if rule.spec.network is not None and rule.spec.network.version == 4:
-            b.rule(inp, *_rule_match(rule), b.site(inp, g, deny(Reason.RULE_DENY, rule=rule)))
+    # Deny rules before the gateway's other ports, as decide() judges them (step 2 before 3):
+    # grouped as in the forward chain, through the same sets (a blocklist of 100,000 networks
+    # is a few sites here too, not one chain each).
+    for rule in denies:
+        b.rule(inp, *_rule_match(rule), b.site(inp, g, deny(Reason.RULE_DENY, rule=rule)))
+    for group, name in zip(deny_groups, deny_sets, strict=True):
+        b.grouped(inp, g, group, deny(Reason.RULE_DENY), made=name)
     # A port of the host's own loopback, relayed by the gateway (gateway/hostlo.py): after
     # the deny rules, as decide() judges it.
     for rule in profile.host_loopback():
@@ -826,9 +837,8 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
         {"delete": {"set": {"family": "inet", "table": TABLE, "name": pin_set(g, p.tag)}}}
         for p in pin_groups(profile)
     ]
-    cmds += [
-        {"delete": {"set": {**_inet, "name": site.group_set}}} for site in sites if site.group_set
-    ]
+    grouped = dict.fromkeys(site.group_set for site in sites if site.group_set)  # a set serves
+    cmds += [{"delete": {"set": {**_inet, "name": name}}} for name in grouped]  # two chains
     cmds += [{"delete": {"set": {**_inet, "name": n}}} for n in pin6_sets]
     return cmds
 
@@ -1006,9 +1016,42 @@ def _scope_match(rule: Rule) -> list[Json]:
 
 
 def _prefix(net: IPNetwork) -> Json | str:
-    if net.num_addresses == 1:
+    # By the prefix length: num_addresses computes the broadcast address (50,000 elements).
+    if net.prefixlen == net.max_prefixlen:
         return str(net.network_address)
     return {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}
+
+
+def _intervals(starts: Sequence[int], ends: Sequence[int]) -> list[Json | str]:
+    """Sorted, disjoint IPv4 spans as interval-set elements, touching ones merged: the kernel
+    keeps each interval as two elements, and builds a notification for each one it adds
+    whenever anything on the host listens for nftables changes (the gateway's own commit
+    monitor does), most of a 100,000-rule apply."""
+    out: list[Json | str] = []
+    lo = hi = -2
+    for start, end in zip(starts, ends, strict=True):
+        if start == hi + 1:
+            hi = end
+            continue
+        if lo >= 0:
+            out.append(_span_element(lo, hi))
+        lo, hi = start, end
+    if lo >= 0:
+        out.append(_span_element(lo, hi))
+    return out
+
+
+def _span_element(lo: int, hi: int) -> Json | str:
+    size = hi - lo + 1
+    if size & (size - 1) == 0 and lo % size == 0:  # a prefix
+        length = 33 - size.bit_length()
+        return _dotted(lo) if length == 32 else {"prefix": {"addr": _dotted(lo), "len": length}}
+    return {"range": [_dotted(lo), _dotted(hi)]}
+
+
+def _dotted(value: int) -> str:
+    """An IPv4 address's text from its number (str(IPv4Address) without the object)."""
+    return f"{value >> 24}.{value >> 16 & 255}.{value >> 8 & 255}.{value & 255}"
 
 
 def _prefixes(nets: Iterable[IPNetwork]) -> list[Json | str]:

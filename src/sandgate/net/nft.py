@@ -184,7 +184,11 @@ class CommitMonitor:
     (then nothing can be vouched for)."""
 
     def __init__(self) -> None:
-        self._sock = NetfilterSocket(groups=1 << (NFNLGRP_NFTABLES - 1))
+        # The group carries every change, one message per set element: a 100,000-rule guest
+        # (33,334 elements) queues ~5 MiB before its commit's one NEWGEN, while the committer
+        # (our own loop) cannot drain. 4 MiB overran now and then, and lost notifications
+        # count as another's commit (gateway/selfcheck.py). Memory is taken only as queued.
+        self._sock = NetfilterSocket(groups=1 << (NFNLGRP_NFTABLES - 1), rcvbuf=32 << 20)
 
     def fileno(self) -> int:
         return self._sock.fileno()

@@ -18,6 +18,7 @@ __all__ = [
     "overlay",
     "patterns",
     "pins",
+    "plainrules",
     "profile",
     "reach",
     "requests",

@@ -8,6 +8,7 @@ special blocks strictly inside it. The test world's "internet" (``public_overrid
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 from collections.abc import Iterable
 
@@ -52,7 +53,21 @@ def inner_special(
     return subtract(sorted(ipaddress.collapse_addresses(inner)), overrides) if inner else []
 
 
-_SPANS4 = tuple(
+def _union(spans: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Overlapping or touching spans merged: sorted, disjoint starts and ends."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for lo, hi in sorted(spans):
+        if ends and lo <= ends[-1] + 1:
+            ends[-1] = max(ends[-1], hi)
+        else:
+            starts.append(lo)
+            ends.append(hi)
+    return starts, ends
+
+
+# The IPv4 special blocks as one sorted union, so a network's overlap is one bisection.
+_STARTS4, _ENDS4 = _union(
     (int(b.network.network_address), int(b.network.broadcast_address))
     for b in BLOCKS
     if isinstance(b.network, ipaddress.IPv4Network)
@@ -66,7 +81,8 @@ def touches_special(net: IPNetwork) -> bool:
         return True
     lo = int(net.network_address)
     hi = lo | ((1 << (32 - net.prefixlen)) - 1)  # broadcast_address, 10x faster
-    return any(a <= hi and lo <= b for a, b in _SPANS4)
+    i = bisect.bisect_left(_ENDS4, lo)  # the first span that ends at or after lo
+    return i < len(_STARTS4) and _STARTS4[i] <= hi
 
 
 def is_exemption(net: IPNetwork, public_override: Iterable[IPNetwork] = ()) -> bool:

@@ -37,13 +37,17 @@ class RuleGroup:
     rules: tuple[Rule, ...]
 
     @classmethod
-    def of(cls, scope: Scope, rules: list[Rule]) -> RuleGroup:
-        spans = sorted((_span(r), i, r) for i, r in enumerate(rules))
+    def of(
+        cls, scope: Scope, rules: list[Rule], spans: list[tuple[int, int]] | None = None
+    ) -> RuleGroup:
+        """``spans``: the rules' ``_span``s, where the caller has them already."""
+        made = spans if spans is not None else [_span(r) for r in rules]
+        order = sorted(range(len(rules)), key=made.__getitem__)
         return cls(
             scope,
-            tuple(s[0][0] for s in spans),
-            tuple(s[0][1] for s in spans),
-            tuple(s[2] for s in spans),
+            tuple(made[i][0] for i in order),
+            tuple(made[i][1] for i in order),
+            tuple(rules[i] for i in order),
         )
 
     def rule_at(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> Rule | None:
@@ -69,20 +73,26 @@ def group_address_rules(
     """Split IPv4 network rules (one list: ``deny`` or ``allow``, in profile order) into those
     that keep a site of their own (in profile order) and groups of at least ``min_size``.
     ``alone``: rules the caller must compile on their own (a special block to exempt)."""
-    tangled = _overlapping(rules)
-    by_scope: dict[Scope, list[Rule]] = {}
+    spans = [_span(r) for r in rules]  # once: 100,000 rules
+    tangled = _overlapping(rules, spans)
+    by_scope: dict[Scope, tuple[list[Rule], list[tuple[int, int]]]] = {}
     singles: list[Rule] = []
     for i, rule in enumerate(rules):
         if i in tangled or alone(rule):
             singles.append(rule)
         else:
-            by_scope.setdefault(scope_of(rule), []).append(rule)
+            scope = scope_of(rule)
+            both = by_scope.get(scope)
+            if both is None:
+                both = by_scope[scope] = ([], [])
+            both[0].append(rule)
+            both[1].append(spans[i])
     groups: list[RuleGroup] = []
-    for scope, members in by_scope.items():
+    for scope, (members, member_spans) in by_scope.items():
         if len(members) < min_size:
             singles += members
         else:
-            groups.append(RuleGroup.of(scope, members))
+            groups.append(RuleGroup.of(scope, members, member_spans))
     order = {id(r): i for i, r in enumerate(rules)}
     singles.sort(key=lambda r: order[id(r)])
     return singles, groups
@@ -95,15 +105,15 @@ def _span(rule: Rule) -> tuple[int, int]:
     return start, start | ((1 << (32 - net.prefixlen)) - 1)
 
 
-def _overlapping(rules: list[Rule]) -> set[int]:
+def _overlapping(rules: list[Rule], spans: list[tuple[int, int]]) -> set[int]:
     """Indexes of rules that can match a packet another rule matches: networks that overlap
     and scopes (ports, protocols) that overlap. Networks are prefixes, so two overlap only by
     nesting: sorted by start (wider first), a stack of the open ones holds each rule's
     containers (at most 33 deep)."""
-    spans = sorted(((*_span(r), i) for i, r in enumerate(rules)), key=lambda s: (s[0], -s[1]))
+    ordered = sorted(((*s, i) for i, s in enumerate(spans)), key=lambda s: (s[0], -s[1]))
     stack: list[tuple[int, int, int]] = []
     out: set[int] = set()
-    for start, end, i in spans:
+    for start, end, i in ordered:
         while stack and stack[-1][1] < start:
             stack.pop()
         for _, _, j in stack:

@@ -40,6 +40,7 @@ __all__ = [
     "IPHost",
     "NameHost",
     "Target",
+    "is_normal_name",
     "parse_host",
     "parse_port",
     "parse_target",
@@ -344,14 +345,19 @@ def parse_host(text: str) -> Host:
     >>> parse_host("Bücher.DE.")
     NameHost(name='xn--bcher-kva.de')
     """
-    if (
-        len(text) <= _MAX_NAME
-        and _NORMAL_LABELS.fullmatch(text)
-        and "xn--" not in text
-        and not _ends_in_number(text)
-    ):
+    if is_normal_name(text):
         return NameHost(text)  # what _parse_host makes of a name in normal form
     return _parse_host(text)
+
+
+def is_normal_name(text: str) -> bool:
+    """Is ``text`` a name in normal form, which ``parse_host`` reads as it is written?"""
+    return (
+        len(text) <= _MAX_NAME
+        and _NORMAL_LABELS.fullmatch(text) is not None
+        and "xn--" not in text
+        and not _ends_in_number(text)
+    )
 
 
 def _parse_host(text: str) -> Host:

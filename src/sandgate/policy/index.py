@@ -46,14 +46,30 @@ class RuleList(Generic[R]):
     @classmethod
     def of(cls, rules: Sequence[R], *, linear: bool = False) -> RuleList[R]:
         out = cls(rules, linear=linear)
+        # get() before setdefault(): setdefault(k, []) makes a list per rule (100,000 rules).
+        lengths: dict[tuple[int, int], dict[int, list[int]]] = {}
         for i, rule in enumerate(rules):
-            net = rule.spec.network
+            spec = rule.spec
+            net = spec.network
             if net is not None:
-                by_len = out.nets.setdefault(net.version, {}).setdefault(net.prefixlen, {})
-                by_len.setdefault(int(net.network_address), []).append(i)
-            pattern = rule.spec.pattern
+                key = (net.version, net.prefixlen)
+                by_len = lengths.get(key)
+                if by_len is None:
+                    by_len = lengths[key] = out.nets.setdefault(key[0], {}).setdefault(key[1], {})
+                number = int(net.network_address)
+                hit = by_len.get(number)
+                if hit is None:
+                    by_len[number] = [i]
+                else:
+                    hit.append(i)
+            pattern = spec.pattern
             if pattern is not None:
-                (out.wild if pattern.wildcard else out.exact).setdefault(pattern.base, []).append(i)
+                names = out.wild if pattern.wildcard else out.exact
+                found = names.get(pattern.base)
+                if found is None:
+                    names[pattern.base] = [i]
+                else:
+                    found.append(i)
         return out
 
     def candidates(self, address: IPAddress | None, name: str | None) -> list[R]:

@@ -37,7 +37,7 @@ from sandgate.policy.model import Mode, Protocol
 from sandgate.policy.profile import Action, Profile, Rule
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no __dict__: one per rule of 100,000
 class PinRule:
     """A domain rule with a pin: ``index`` into the profile's ``allow`` or ``deny``, ``group``
     the pin group (one set) its addresses join."""
@@ -149,19 +149,24 @@ def _make_pins(profile: Profile) -> _Pins:
     numbers: dict[tuple[Action, Scope], int] = {}
     count: dict[Action, int] = {}
     pins: list[PinRule] = []
-    for action, i, rule in _pinning(profile):
-        key = (action, scope_of(rule))
-        if key not in numbers:
-            numbers[key] = count.get(action, 0)
-            count[action] = numbers[key] + 1
-        pins.append(PinRule(action, i, rule, numbers[key]))
     found: dict[str, list[PinRule]] = {}
     peers: dict[Action, dict[str, PinRule]] = {"allow": {}, "deny": {}}
     by_rule: dict[Action, dict[int, PinRule]] = {"allow": {}, "deny": {}}
-    for pin in pins:
-        found.setdefault(pin.set_tag, []).append(pin)
-        peers[pin.action][pin.tag] = pin
-        by_rule[pin.action][id(pin.rule)] = pin
+    for action, i, rule in _pinning(profile):
+        key = (action, scope_of(rule))
+        n = numbers.get(key)
+        if n is None:
+            n = numbers[key] = count.get(action, 0)
+            count[action] = n + 1
+        pin = PinRule(action, i, rule, n)
+        pins.append(pin)
+        set_tag = f"{action[0]}{n}"  # pin.set_tag and pin.tag, written out: 100,000 rules
+        members = found.get(set_tag)
+        if members is None:
+            members = found[set_tag] = []
+        members.append(pin)
+        peers[action][f"{set_tag}.{i}"] = pin
+        by_rule[action][id(rule)] = pin
     groups = tuple(
         PinGroup(m[0].action, tag, scope_of(m[0].rule), tuple(m), peers[m[0].action])
         for tag, m in found.items()

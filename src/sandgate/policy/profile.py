@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 Action = Literal["allow", "deny"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no __dict__: one per rule of 100,000
 class Rule:
     action: Action
     spec: RuleSpec
