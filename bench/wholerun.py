@@ -89,3 +89,25 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
         out["srt"] = None
         out["srt_missing"] = f"{SRT} not installed (this module's docstring says how)"
     return out
+
+
+def kept_home(home: Path, n: int, seed: int = 13) -> Path:
+    """A home with ``n`` kept sessions shaped as runs leave them (``output.log``, the OCSF
+    export, a ``work/`` copy with a file or two), spread over the last 20 days: what a user's
+    home holds after weeks of runs (issue 13: retention must not cost per kept session)."""
+    import random
+
+    rng = random.Random(seed)
+    sessions = home / "sessions"
+    now = time.time()
+    for i in range(n):
+        t = now - 86400 * 20 * (n - i) / n
+        folder = sessions / (time.strftime("%Y%m%d-%H%M%S", time.gmtime(t)) + f"-{i:04x}")
+        (folder / "work").mkdir(parents=True, exist_ok=True)
+        (folder / "output.log").write_bytes(b"x" * rng.randrange(0, 4096))
+        (folder / "events.ocsf.jsonl").write_bytes(b"{}\n" * rng.randrange(0, 3000))
+        for j in range(rng.randrange(0, 3)):
+            (folder / "work" / f"f{j}").write_bytes(b"y" * rng.randrange(0, 2048))
+        for path in (*folder.rglob("*"), folder):
+            os.utime(path, (t, t))
+    return home
