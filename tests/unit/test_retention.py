@@ -216,3 +216,20 @@ def test_a_running_or_unsettled_session_is_always_measured(tmp_path: Path) -> No
     (root / INDEX).write_text(json.dumps({"version": 1, "sessions": rows}))
     limits = Limits(days=30, mb=2)  # 2 MiB + 1000 bytes do not fit: a-old goes
     assert apply(tmp_path, limits, keep={"c-run"}, now=now).removed == ["a-old"]
+
+
+def test_cleanup_sessions_walks_every_folder(tmp_path: Path) -> None:
+    """The one gap of the index: a finished folder's file rewritten in place, deeper than its
+    top (its key unchanged), stays at its recorded size until ``cleanup --sessions``
+    (``full``) walks everything: retention keeps more than it should, never less."""
+    now = time.time()
+    root = tmp_path / "sessions"
+    for name, age in [("a-old", 10 * DAY), ("b-mid", 5 * DAY)]:
+        (root / name / "work").mkdir(parents=True)
+        (root / name / "work" / "big").write_bytes(b"x" * 1000)
+        os.utime(root / name, (now - age, now - age))
+    apply(tmp_path, Limits(0, 0), now=now)
+    (root / "a-old" / "work" / "big").write_bytes(b"x" * 2 * MB)  # the top is not touched
+    limits = Limits(days=30, mb=1)
+    assert apply(tmp_path, limits, now=now).removed == []  # believed 1000 bytes
+    assert apply(tmp_path, limits, now=now, full=True).removed == ["a-old"]
