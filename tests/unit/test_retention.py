@@ -230,6 +230,10 @@ def test_cleanup_sessions_walks_every_folder(tmp_path: Path) -> None:
         os.utime(root / name, (now - age, now - age))
     apply(tmp_path, Limits(0, 0), now=now)
     (root / "a-old" / "work" / "big").write_bytes(b"x" * 2 * MB)  # the top is not touched
+    cut = root / f"{INDEX}.123.456"  # a save cut short, long ago: removed
+    cut.write_text("{")
+    os.utime(cut, (now - DAY, now - DAY))
     limits = Limits(days=30, mb=1)
     assert apply(tmp_path, limits, now=now).removed == []  # believed 1000 bytes
+    assert not cut.exists()
     assert apply(tmp_path, limits, now=now, full=True).removed == ["a-old"]

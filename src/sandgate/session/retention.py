@@ -157,6 +157,8 @@ def scan(
     with os.scandir(root) as listing:
         for entry in listing:
             if not entry.is_dir(follow_symlinks=False):
+                if entry.name.startswith(f"{INDEX}.") and _stale(entry, now):
+                    Path(entry.path).unlink(missing_ok=True)  # a save that was cut short
                 continue
             try:
                 entries.append((entry.name, entry.stat(follow_symlinks=False)))
@@ -201,8 +203,10 @@ class SizeIndex:
     kept session (issue 13: 540 kept sessions cost 20–25 ms CPU per run). Keyed by each
     folder's (inode, mtime_ns, ctime_ns): a folder replaced, or with an entry added, removed
     or renamed at its top, is walked again. Not seen: a file deeper down rewritten in place
-    after its session ended; sandgate does not do that, and a victim's size is checked
-    before it is removed. A missing, unreadable or foreign file is an empty index."""
+    after its session ended (sandgate does not do that): retention then keeps more than the
+    full walk would, never less, until ``cleanup --sessions``; a victim's recorded size is
+    checked before anything is removed. A missing, unreadable or foreign file is an empty
+    index."""
 
     root: Path
     entries: dict[str, list[int]]  # name -> [ino, mtime_ns, ctime_ns, size]
@@ -237,13 +241,23 @@ class SizeIndex:
         if not self.dirty:
             return
         tmp = self.root / f"{INDEX}.{os.getpid()}.{threading.get_ident()}"
+        data = json.dumps({"version": _INDEX_VERSION, "sessions": self.entries}).encode()
         try:
-            tmp.write_text(json.dumps({"version": _INDEX_VERSION, "sessions": self.entries}))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             os.replace(tmp, self.root / INDEX)
         except OSError:
             tmp.unlink(missing_ok=True)  # a cache we cannot write: walked again next time
             return
         self.dirty = False
+
+
+def _stale(entry: os.DirEntry[str], now: float) -> bool:
+    try:
+        return now - entry.stat(follow_symlinks=False).st_mtime > SETTLE
+    except OSError:
+        return False
 
 
 def _owned_mounts() -> set[str]:
