@@ -159,6 +159,7 @@ def test_the_index_chooses_what_the_full_walk_chooses(tmp_path: Path, seed: int)
     keep = _random_home(root, rng, now)
     if rng.random() < 0.8:
         apply(tmp_path, Limits(0, 0), keep, now)  # a run that removed nothing, index written
+        time.sleep(0.011)  # past the kernel's timestamp tick: a change after it is a new ctime
     _mutate(root, rng, now)
     full, _ = scan(root, keep, now, full=True)
     indexed, _ = scan(root, keep, now)

@@ -138,7 +138,7 @@ def apply(
         if not (root / k.name).exists():
             result.removed.append(k.name)
             result.freed += k.size
-            sizes.entries.pop(k.name, None)
+            sizes.forget(k.name)
     sizes.save()
     result.kept_running = [k.name for k in spared]
     return result
