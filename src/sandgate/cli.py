@@ -1183,7 +1183,7 @@ def _cleanup_sessions() -> None:
 
     try:
         limits = retention.Limits.from_env()
-        result = retention.apply(default_home(), limits)
+        result = retention.apply(default_home(), limits, full=True)  # issue 13: walks all
     except SandgateError as exc:
         _fail(exc)
         return

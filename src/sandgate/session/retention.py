@@ -6,15 +6,20 @@ limit off. Applied during every session, while its command runs (session/runner.
 ``sandgate cleanup --sessions``. A session that is running is never removed, whatever its age
 or size: its runner is alive (cleanup's owner record ``mount-<id>``) or its disk is still mounted.
 
-``plan`` is pure (what to remove, given the sessions and the limits); ``apply`` reads the
-folder and removes.
+``plan`` is pure (what to remove, given the sessions and the limits); ``scan`` reads the
+folder; ``apply`` removes. A run does not walk every kept folder for its size: finished folders'
+sizes are recorded once in ``sessions/.sizes.json`` (``SizeIndex``), so a run's retention costs
+a listing and a stat per kept session, plus a walk of what is new (issue 13). ``cleanup
+--sessions`` walks everything and rewrites that index.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -106,37 +111,162 @@ def plan(
 
 
 def apply(
-    home: Path, limits: Limits | None = None, keep: Iterable[str] = (), now: float | None = None
+    home: Path,
+    limits: Limits | None = None,
+    keep: Iterable[str] = (),
+    now: float | None = None,
+    full: bool = False,
 ) -> RetentionResult:
     """Remove the kept folders under ``home``/sessions that ``limits`` say go; ``keep``: names
-    never to remove (the session that just ended)."""
+    never to remove (the session that just ended). ``full``: measure every folder by walking
+    it (``sandgate cleanup --sessions``) instead of trusting the size index, and rewrite it."""
     limits = Limits.from_env() if limits is None else limits
     root = home / "sessions"
     result = RetentionResult()
     if not root.is_dir():
         return result
-    protect = set(keep)
-    mounted = {p.name for p in our_mounts(SESSIONS_ROOT)}
-    inside = our_mounts(root)  # a session disk mounted under its kept folder: in use
-    found: list[Kept] = []
-    for entry in root.iterdir():
-        if entry.is_symlink() or not entry.is_dir():
-            continue
-        running = (
-            entry.name in protect
-            or entry.name in mounted
-            or cleanup.owned(f"mount-{entry.name}")
-            or any(m == entry or entry in m.parents for m in inside)
-        )
-        found.append(Kept(entry.name, entry.lstat().st_mtime, _size(entry), running))
-    remove, spared = plan(found, limits, time.time() if now is None else now)
+    now = time.time() if now is None else now
+    found, sizes = scan(root, keep, now, full)
+    remove, spared = plan(found, limits, now)
+    if any(_size(root / k.name) != k.size for k in remove if k.name in sizes.trusted):
+        # A victim's recorded size is not what its files hold: the index is stale. Decide
+        # again from a full walk (the victims are walked anyway: rmtree reads their trees).
+        found, sizes = scan(root, keep, now, full=True)
+        remove, spared = plan(found, limits, now)
     for k in remove:
         shutil.rmtree(root / k.name, ignore_errors=True)
         if not (root / k.name).exists():
             result.removed.append(k.name)
             result.freed += k.size
+            sizes.forget(k.name)
+    sizes.save()
     result.kept_running = [k.name for k in spared]
     return result
+
+
+def scan(
+    root: Path, keep: Iterable[str], now: float, full: bool = False
+) -> tuple[list[Kept], SizeIndex]:
+    """Every kept folder under ``root`` as ``plan`` sees it, sorted by name, and the size index
+    brought up to date. Age and "running" are always read fresh; a size comes from the index
+    only for a finished folder whose own inode, mtime and ctime are what was recorded, and that
+    settled ``SETTLE`` seconds before; every other folder is walked (``full``: all of them)."""
+    protect = set(keep)
+    sizes = SizeIndex.load(root) if not full else SizeIndex(root, {}, dirty=True)
+    entries: list[tuple[str, os.stat_result]] = []
+    with os.scandir(root) as listing:
+        for entry in listing:
+            if not entry.is_dir(follow_symlinks=False):
+                if entry.name.startswith(f"{INDEX}.") and _stale(entry, now):
+                    Path(entry.path).unlink(missing_ok=True)  # a save that was cut short
+                continue
+            try:
+                entries.append((entry.name, entry.stat(follow_symlinks=False)))
+            except OSError:
+                continue  # removed meanwhile
+    # Listed after the folders: a session owns its mount record before its folder exists,
+    # so a folder seen above whose record is missing here has ended (cleanup.owned's answer).
+    running = protect | _owned_mounts() | {p.name for p in our_mounts(SESSIONS_ROOT)}
+    for m in our_mounts(root):  # a session disk mounted under its kept folder: in use
+        running.add(m.relative_to(root).parts[0])
+    found: list[Kept] = []
+    seen: set[str] = set()
+    for name, st in sorted(entries, key=lambda e: e[0]):
+        seen.add(name)
+        is_running = name in running
+        key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        recorded = sizes.entries.get(name)
+        settled = not is_running and now - st.st_mtime > SETTLE
+        if settled and recorded is not None and tuple(recorded[:3]) == key:
+            size = recorded[3]
+            sizes.trusted.add(name)
+        else:
+            size = _size(root / name)
+            if settled:
+                sizes.record(name, key, size)
+            else:
+                sizes.forget(name)
+        found.append(Kept(name, st.st_mtime, size, is_running))
+    for gone in set(sizes.entries) - seen:
+        sizes.forget(gone)
+    return found, sizes
+
+
+SETTLE = 300.0  # seconds a folder is left unchanged before its size is recorded
+INDEX = ".sizes.json"  # in the sessions folder: a cache, rebuilt from the folders when wrong
+_INDEX_VERSION = 1
+
+
+@dataclass
+class SizeIndex:
+    """The sizes of finished sessions' folders, recorded once, so a run does not walk every
+    kept session (issue 13: 540 kept sessions cost 20–25 ms CPU per run). Keyed by each
+    folder's (inode, mtime_ns, ctime_ns): a folder replaced, or with an entry added, removed
+    or renamed at its top, is walked again. Not seen: a file deeper down rewritten in place
+    after its session ended (sandgate does not do that): retention then keeps more than the
+    full walk would, never less, until ``cleanup --sessions``; a victim's recorded size is
+    checked before anything is removed. A missing, unreadable or foreign file is an empty
+    index."""
+
+    root: Path
+    entries: dict[str, list[int]]  # name -> [ino, mtime_ns, ctime_ns, size]
+    dirty: bool = False
+    trusted: set[str] = field(default_factory=set)  # sizes taken from here in this scan
+
+    @classmethod
+    def load(cls, root: Path) -> SizeIndex:
+        try:
+            data = json.loads((root / INDEX).read_bytes())
+            raw = data["sessions"] if data.get("version") == _INDEX_VERSION else {}
+            entries = {
+                str(name): [int(x) for x in row]
+                for name, row in raw.items()
+                if isinstance(row, list) and len(row) == 4
+            }
+        except (OSError, ValueError, TypeError, AttributeError, KeyError):
+            return cls(root, {}, dirty=True)
+        return cls(root, entries)
+
+    def record(self, name: str, key: tuple[int, int, int], size: int) -> None:
+        self.entries[name] = [*key, size]
+        self.dirty = True
+
+    def forget(self, name: str) -> None:
+        if self.entries.pop(name, None) is not None:
+            self.dirty = True
+
+    def save(self) -> None:
+        """Written whole under a temporary name and renamed: a reader sees the old or the new
+        index, never half of one; two runs saving at once lose at most a record (walked again)."""
+        if not self.dirty:
+            return
+        tmp = self.root / f"{INDEX}.{os.getpid()}.{threading.get_ident()}"
+        data = json.dumps({"version": _INDEX_VERSION, "sessions": self.entries}).encode()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.root / INDEX)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a cache we cannot write: walked again next time
+            return
+        self.dirty = False
+
+
+def _stale(entry: os.DirEntry[str], now: float) -> bool:
+    try:
+        return now - entry.stat(follow_symlinks=False).st_mtime > SETTLE
+    except OSError:
+        return False
+
+
+def _owned_mounts() -> set[str]:
+    """Sessions whose runner is alive: its ``mount-<id>`` owner record names a live process."""
+    try:
+        names = [n for n in os.listdir(cleanup.OWNERS) if n.startswith("mount-")]
+    except OSError:
+        return set()
+    return {n.removeprefix("mount-") for n in names if cleanup.owned(n)}
 
 
 def _size(path: Path) -> int:
