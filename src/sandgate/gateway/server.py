@@ -106,6 +106,7 @@ class Gateway:
         self.ops: Mapping[str, Op] = {
             "ping": self._ping,
             "add_guest": self.guests_.add,
+            "take_netns": self._take_netns,  # a warm guest namespace for add_guest (pool.py)
             "remove_guest": self._remove_guest,
             "flush": self._flush,
             "status": self._status,
@@ -189,6 +190,7 @@ class Gateway:
         self.check.note()
         self.check.watch_commits(loop)
         await self.guests_.reattach()
+        self.guests_.warm.refill()  # made while the rest starts and after, never on a join's path
         if self.cfg.watchdog:
             await self.guests_.start_canary()
             self.watchdog = Watchdog(self.check, self.cfg.watchdog)
@@ -302,6 +304,10 @@ class Gateway:
         self.sink.attributor.tick(time.monotonic() + 10)
         self.sink.flush()
         return {}
+
+    async def _take_netns(self, msg: dict[str, Any]) -> dict[str, Any]:
+        pid = msg.get("pid")
+        return {"netns": self.guests_.warm.take(pid if isinstance(pid, int) else None)}
 
     async def _status(self, msg: dict[str, Any]) -> dict[str, Any]:
         return {
