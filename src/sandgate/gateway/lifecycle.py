@@ -103,6 +103,7 @@ class Lifecycle:
         warm = 0 if cfg.guest_links or cfg.uplink.kind == "handed" else cfg.warm_links
         self.warm = WarmPool(
             cfg.instance,
+            cfg.run_dir,
             warm,
             self.table.free_index,
             self._make_warm,
@@ -324,6 +325,7 @@ class Lifecycle:
             # The file's profile, as the runner read it before: noexec and [limits] (so a
             # `run` loads no policy of its own, issue 13)
             **_session_settings(policy, profile.name),
+            "warm": warm is not None,  # its namespace came from the warm pool (pool.py)
             "timing_ms": {**t.ms, "reply": t.since()},
         }
 

@@ -13,7 +13,10 @@ daemon's netlink thread; its index is reserved from the moment it is chosen, so 
 it. Each namespace is fresh (``ns.create``) and used by one session only: the runner removes
 it at the end, and the pair goes with it. Names are the runner's own pattern
 (``sg-<instance>-s<hex>``), so ``sandgate cleanup`` treats a pooled namespace left by a dead
-gateway as it treats a session's. The daemon removes its untaken ones when it stops.
+gateway as it treats a session's. Each untaken one is written down (``<run dir>/warm/NAME``,
+before it is made): the daemon removes its own when it stops, and ``sweep`` what a killed
+daemon left (``manage.stop``, and a daemon starting where one died). A taken one is its
+runner's: the gateway records the runner's pid as its owner before replying.
 """
 
 from __future__ import annotations
@@ -24,14 +27,32 @@ import secrets
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sandgate import cleanup
 from sandgate.errors import SandgateError
 from sandgate.net import ns
-from sandgate.net.compile import GuestLink
+
+if TYPE_CHECKING:  # the compiler pulls in policy/ and pydantic; manage.stop imports sweep
+    from sandgate.net.compile import GuestLink
 
 NetlinkCall = Callable[..., Awaitable[Any]]
+WARM_DIR = "warm"
+REFILL_AFTER = 0.25  # seconds after a take: its join, due in a few ms, refills sooner
+
+
+def sweep(run_dir: Path) -> list[str]:
+    """Remove the untaken warm namespaces a daemon of this run dir left (it was killed);
+    returns their names. Only names written down by the pool, and only ours (``sg-``)."""
+    gone = []
+    folder = run_dir / WARM_DIR
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        with contextlib.suppress(SandgateError):
+            ns.remove(entry.name)
+            gone.append(entry.name)
+        entry.unlink(missing_ok=True)
+    return gone
 
 
 @dataclass(frozen=True)
@@ -52,6 +73,7 @@ class WarmPool:
     def __init__(
         self,
         instance: str,
+        run_dir: Path,
         size: int,
         free_index: Callable[[set[int]], int],
         make: Callable[[GuestLink, str], None],
@@ -60,6 +82,7 @@ class WarmPool:
         nl: NetlinkCall,
     ) -> None:
         self.instance, self.size = instance, size
+        self.folder = run_dir / WARM_DIR
         self._free_index, self._make, self._drop, self._link_for = free_index, make, drop, link_for
         self._nl = nl
         self.ready: list[Warm] = []
@@ -82,10 +105,22 @@ class WarmPool:
             return None
         warm = self.ready.pop(0)
         self.taken[warm.netns] = warm
+        # The join that follows refills after its reply; this is for a taker that never joins.
+        asyncio.get_running_loop().call_later(REFILL_AFTER, self.refill)
         if owner is not None:
             cleanup.own(warm.netns, owner)
+        (self.folder / warm.netns).unlink(missing_ok=True)  # the runner's now, not ours
         self.failed = None
         return warm.netns
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "ready": [w.netns for w in self.ready],
+            "taken": sorted(self.taken),
+            "making": len(self.making),
+            "failed": self.failed,
+        }
 
     def claim(self, netns: str) -> Warm | None:
         """The entry a join names, once: None for a namespace the runner made itself."""
@@ -95,6 +130,7 @@ class WarmPool:
         """Start making entries up to ``size`` (called after a reply: never on a join's path)."""
         if self.failed is not None:
             return
+        self._prune()
         while len(self.ready) + len(self.making) < self.size:
             try:
                 index = self._free_index(self.reserved())
@@ -109,12 +145,15 @@ class WarmPool:
         link = self._link_for(index)
         netns = f"sg-{self.instance}-s{secrets.token_hex(3)}"
         try:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            (self.folder / netns).touch()  # before it exists: a crash while making it is swept
             await self._nl(self._make, link, netns)
         except Exception as exc:
             self.failed = str(exc)
             sys.stderr.write(f"sandgate gateway: no warm guest namespace ({exc})\n")
             with contextlib.suppress(Exception):
                 await self._nl(self._drop, link, netns)
+            (self.folder / netns).unlink(missing_ok=True)
             return
         finally:
             self.making.discard(index)
@@ -148,6 +187,7 @@ class WarmPool:
             warm = self.ready.pop()
             with contextlib.suppress(Exception):
                 await self._nl(self._drop, warm.link, warm.netns)
+                (self.folder / warm.netns).unlink(missing_ok=True)
 
 
-__all__ = ["Warm", "WarmPool"]
+__all__ = ["WARM_DIR", "Warm", "WarmPool", "sweep"]

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from sandgate.errors import SandgateError
 from sandgate.events.store import Store
-from sandgate.gateway import control
+from sandgate.gateway import control, pool
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import Resolver
 from sandgate.gateway.guests import Guest, GuestTable
@@ -190,6 +190,8 @@ class Gateway:
         self.check.note()
         self.check.watch_commits(loop)
         await self.guests_.reattach()
+        # What a killed daemon of this instance left untaken, then this one's own.
+        await self._nl(pool.sweep, self.cfg.run_dir)
         self.guests_.warm.refill()  # made while the rest starts and after, never on a join's path
         if self.cfg.watchdog:
             await self.guests_.start_canary()
@@ -327,6 +329,7 @@ class Gateway:
             "unattributed": self.sink.attributor.unattributed,
             "nflog_lost": self.feed.lost,
             "integrity": self._integrity(),
+            "warm": self.guests_.warm.status(),
         }
 
     async def _metrics(self, msg: dict[str, Any]) -> dict[str, Any]:
