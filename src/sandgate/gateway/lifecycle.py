@@ -99,13 +99,15 @@ class Lifecycle:
         self.canary_worker: ns.NsThread | None = None
         # Packets of sites deleted since start, per (profile, rule, verdict, reason).
         self.retired: dict[tuple[str, str | None, str, str], int] = {}
+        self._joining: set[int] = set()  # indexes of joins under way
         # Ready namespaces with their links (pool.py); none on a gateway VM (handed links).
         warm = 0 if cfg.guest_links or cfg.uplink.kind == "handed" else cfg.warm_links
         self.warm = WarmPool(
             cfg.instance,
             cfg.run_dir,
             warm,
-            self.table.free_index,
+            # Not an index a join has chosen and not yet put in the table (it awaits meanwhile).
+            lambda reserved: self.table.free_index(reserved | self._joining),
             self._make_warm,
             self._drop_warm,
             lambda i: GuestLink.from_pool(self.pool, i, guest_mac(i)),
@@ -255,36 +257,40 @@ class Lifecycle:
                 index = warm.index
             elif index is None:
                 index = self.table.free_index(self.warm.reserved())
-            link = (
-                GuestLink.handed(self.pool, index, str(handed))
-                if handed
-                else warm.link
-                if warm is not None
-                else GuestLink.from_pool(self.pool, index, guest_mac(index))
-            )
-            policy = load_policy(msg.get("policy"))
-            self.check_wiring(policy)
-            profile = self.profile_for(msg, policy, link)
-            if profile.ask:
-                _ = self.approvals  # the resolver asks from now on (issue 14)
-            netns = "" if handed else msg["netns"]
-            if not handed:
-                ns.check_ours(netns)
-            t.mark("policy")
+            self._joining.add(index)
             try:
-                guest = await self._join(msg, link, policy, profile, netns, canary, t, warm)
+                link = (
+                    GuestLink.handed(self.pool, index, str(handed))
+                    if handed
+                    else warm.link
+                    if warm is not None
+                    else GuestLink.from_pool(self.pool, index, guest_mac(index))
+                )
+                policy = load_policy(msg.get("policy"))
+                self.check_wiring(policy)
+                profile = self.profile_for(msg, policy, link)
+                if profile.ask:
+                    _ = self.approvals  # the resolver asks from now on (issue 14)
+                netns = "" if handed else msg["netns"]
+                if not handed:
+                    ns.check_ours(netns)
+                t.mark("policy")
+                try:
+                    guest = await self._join(msg, link, policy, profile, netns, canary, t, warm)
+                finally:
+                    self.check.note()  # joined, or undone: either way what the rules now are
+                    t.mark("note")
+                self.sites.update(guest.sites)
+                if canary:
+                    self.table.canary = guest
+                    return {"guest": link.ifname, "address": str(link.guest)}
+                self.table.add(guest)
+                self.check.remember_policy(msg.get("policy"))
+                if not handed:  # handed guests come back from the daemon's own configuration
+                    registry.save(self.cfg.run_dir, link.ifname, index, msg)
+                t.mark("table")
             finally:
-                self.check.note()  # joined, or undone: either way what the rules now are
-                t.mark("note")
-            self.sites.update(guest.sites)
-            if canary:
-                self.table.canary = guest
-                return {"guest": link.ifname, "address": str(link.guest)}
-            self.table.add(guest)
-            self.check.remember_policy(msg.get("policy"))
-            if not handed:  # handed guests come back from the daemon's own configuration
-                registry.save(self.cfg.run_dir, link.ifname, index, msg)
-            t.mark("table")
+                self._joining.discard(index)
         self.sink.emit(
             Event(
                 kind=Kind.GUEST,
@@ -436,9 +442,18 @@ class Lifecycle:
     def _make_warm(self, link: GuestLink, netns: str) -> None:
         """A warm pool entry (on the netlink thread): a fresh namespace, the link, the uid-log
         table, as a join without the pool makes them."""
+        if self.plumber.has_link(link.ifname):  # not ours to touch (nor to delete on failure)
+            raise SandgateError(f"link {link.ifname} exists already")
         ns.create(netns)
-        self.plumber.attach_guest(link, netns)
-        _uid_log_in(netns, False)
+        try:
+            self.plumber.attach_guest(link, netns)
+            _uid_log_in(netns, False)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.plumber.detach_guest(link)  # made by the line above: the index is reserved
+            with contextlib.suppress(Exception):
+                ns.remove(netns)
+            raise
 
     def _drop_warm(self, link: GuestLink, netns: str) -> None:
         self.plumber.detach_guest(link)

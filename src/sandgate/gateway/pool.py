@@ -67,7 +67,8 @@ class Warm:
 
 class WarmPool:
     """Ready namespaces for the next joins. ``make(link, netns)`` builds one (blocking, run on
-    the netlink thread through ``nl``); ``drop(link, netns)`` undoes a half-made or unused one.
+    the netlink thread through ``nl``), undoing its own part if it fails; ``drop(link, netns)``
+    removes a made one nobody joined with.
     """
 
     def __init__(
@@ -88,12 +89,14 @@ class WarmPool:
         self.ready: list[Warm] = []
         self.taken: dict[str, Warm] = {}  # handed to a runner, its join not seen yet
         self.making: set[int] = set()
+        self._forgetting: set[int] = set()  # handed out and gone: reserved until the link is
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed: str | None = None  # the last failure to make one (refills stop until a take)
 
     def reserved(self) -> set[int]:
         """Indexes no join may choose: ready, handed out, or being made."""
-        return {w.index for w in self.ready} | {w.index for w in self.taken.values()} | self.making
+        taken = {w.index for w in self.taken.values()}
+        return {w.index for w in self.ready} | taken | self.making | self._forgetting
 
     def take(self, owner: int | None = None) -> str | None:
         """A ready namespace for a runner, or None (pool empty or off: it makes its own).
@@ -148,11 +151,9 @@ class WarmPool:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             (self.folder / netns).touch()  # before it exists: a crash while making it is swept
             await self._nl(self._make, link, netns)
-        except Exception as exc:
+        except Exception as exc:  # ``make`` undid its own part (it alone knows what it made)
             self.failed = str(exc)
             sys.stderr.write(f"sandgate gateway: no warm guest namespace ({exc})\n")
-            with contextlib.suppress(Exception):
-                await self._nl(self._drop, link, netns)
             (self.folder / netns).unlink(missing_ok=True)
             return
         finally:
@@ -165,7 +166,7 @@ class WarmPool:
         for name, warm in list(self.taken.items()):
             if not ns.exists(name):
                 del self.taken[name]
-                self.making.add(warm.index)  # reserved until the link is surely gone
+                self._forgetting.add(warm.index)
                 task = asyncio.ensure_future(self._forget(warm))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -175,7 +176,7 @@ class WarmPool:
             with contextlib.suppress(Exception):
                 await self._nl(self._drop, warm.link, warm.netns)
         finally:
-            self.making.discard(warm.index)
+            self._forgetting.discard(warm.index)
 
     async def close(self) -> None:
         """Remove every untaken namespace (the daemon stops); handed-out ones are their
