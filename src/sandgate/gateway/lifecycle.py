@@ -229,6 +229,8 @@ class Lifecycle:
             if handed or canary or index is not None
             else self.warm.claim(str(msg.get("netns")))
         )
+        if warm is not None:  # no longer the pool's: reserved as a join's until it is done
+            self._joining.add(warm.index)
         try:
             reply = await self._add(msg, index, canary, warm, t)
         except BaseException:
@@ -237,6 +239,8 @@ class Lifecycle:
                     await self._nl(self.plumber.detach_guest, warm.link)
             raise
         finally:
+            if warm is not None:
+                self._joining.discard(warm.index)
             # After the reply (the loop runs this once the reply is written): the next warm one.
             asyncio.get_running_loop().call_soon(self.warm.refill)
         return reply
@@ -256,8 +260,8 @@ class Lifecycle:
             if warm is not None:
                 index = warm.index
             elif index is None:
-                index = self.table.free_index(self.warm.reserved())
-            self._joining.add(index)
+                index = self.table.free_index(self.warm.reserved() | self._joining)
+            self._joining.add(index)  # a warm one's is already (add)
             try:
                 link = (
                     GuestLink.handed(self.pool, index, str(handed))
@@ -290,7 +294,8 @@ class Lifecycle:
                     registry.save(self.cfg.run_dir, link.ifname, index, msg)
                 t.mark("table")
             finally:
-                self._joining.discard(index)
+                if warm is None:
+                    self._joining.discard(index)
         self.sink.emit(
             Event(
                 kind=Kind.GUEST,
