@@ -39,7 +39,7 @@ def _take(stack: Stack) -> str:
     _ready(stack)
     with stack.gateway.client() as ctl:
         name = ctl.call("take_netns", pid=os.getpid())["netns"]
-    assert isinstance(name, str) and name.startswith(f"sg-{stack.instance}-s"), name
+    assert isinstance(name, str) and name.startswith(f"sg-{stack.instance}-w"), name
     return name
 
 
@@ -158,7 +158,7 @@ def test_a_killed_gateway_leaves_no_warm_namespace_behind(tmp_path: Path) -> Non
 def test_sweep_removes_only_what_the_pool_wrote_down(tmp_path: Path) -> None:
     """After a crash of everything, `sandgate cleanup` removes a warm namespace as any
     session's (an instance's name, no live owner); ``sweep`` removes the recorded ones only."""
-    recorded, other = (f"sg-ptest{os.getpid() % 10000}-s{x}" for x in ("aaaaaa", "bbbbbb"))
+    recorded, other = (f"sg-ptest{os.getpid() % 10000}-w{x}" for x in ("aaaaaa", "bbbbbb"))
     (tmp_path / pool.WARM_DIR).mkdir()
     (tmp_path / pool.WARM_DIR / recorded).touch()
     try:

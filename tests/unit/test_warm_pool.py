@@ -62,7 +62,7 @@ def test_entries_are_made_on_free_slots_claimed_once_and_forgotten_when_gone(
         await _settle(pool)
         assert [w.index for w in pool.ready] == [0, 1]
         name = pool.take()
-        assert name is not None and name.startswith("sg-ut-s")
+        assert name is not None and name.startswith("sg-ut-w")
         assert not (tmp_path / WARM_DIR / name).exists()  # the runner's now
         assert pool.reserved() == {0, 1}
         warm = pool.claim(name)

@@ -32,7 +32,7 @@ from sandgate.gateway.guests import Guest, GuestTable
 from sandgate.gateway.hostlo import HostLoopback, unserved
 from sandgate.gateway.logfeed import LogFeed
 from sandgate.gateway.logs.prochold import ProcessHold, ProcessTable
-from sandgate.gateway.pool import Warm, WarmPool
+from sandgate.gateway.pool import REFILL_AFTER, Warm, WarmPool
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
@@ -241,8 +241,8 @@ class Lifecycle:
         finally:
             if warm is not None:
                 self._joining.discard(warm.index)
-            # After the reply (the loop runs this once the reply is written): the next warm one.
-            asyncio.get_running_loop().call_soon(self.warm.refill)
+            # The next warm one, once the runner's own set-up is past (it runs beside it).
+            asyncio.get_running_loop().call_later(REFILL_AFTER, self.warm.refill)
         return reply
 
     async def _add(

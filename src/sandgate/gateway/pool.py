@@ -11,9 +11,9 @@ before its session starts, and the join that names it finds the link ready.
 An entry is made after the reply that used the last one, outside the join's lock, on the
 daemon's netlink thread; its index is reserved from the moment it is chosen, so no join takes
 it. Each namespace is fresh (``ns.create``) and used by one session only: the runner removes
-it at the end, and the pair goes with it. Names are the runner's own pattern
-(``sg-<instance>-s<hex>``), so ``sandgate cleanup`` treats a pooled namespace left by a dead
-gateway as it treats a session's. Each untaken one is written down (``<run dir>/warm/NAME``,
+it at the end, and the pair goes with it. Names are ``sg-<instance>-w<hex>`` (a session's own
+are ``-s<hex>``), so ``sandgate cleanup`` treats a pooled namespace left by a dead gateway as
+it treats a session's. Each untaken one is written down (``<run dir>/warm/NAME``,
 before it is made): the daemon removes its own when it stops, and ``sweep`` what a killed
 daemon left (``manage.stop``, and a daemon starting where one died). A taken one is its
 runner's: the gateway records the runner's pid as its owner before replying.
@@ -39,7 +39,9 @@ if TYPE_CHECKING:  # the compiler pulls in policy/ and pydantic; manage.stop imp
 
 NetlinkCall = Callable[..., Awaitable[Any]]
 WARM_DIR = "warm"
-REFILL_AFTER = 0.25  # seconds after a take: its join, due in a few ms, refills sooner
+# Seconds after a take or a join before making the next: made at once, it ran beside the
+# runner's set-up and cost it more than the link saved (netns and mount work, the daemon's GIL).
+REFILL_AFTER = 0.15
 
 
 def sweep(run_dir: Path) -> list[str]:
@@ -108,7 +110,6 @@ class WarmPool:
             return None
         warm = self.ready.pop(0)
         self.taken[warm.netns] = warm
-        # The join that follows refills after its reply; this is for a taker that never joins.
         asyncio.get_running_loop().call_later(REFILL_AFTER, self.refill)
         if owner is not None:
             cleanup.own(warm.netns, owner)
@@ -146,7 +147,7 @@ class WarmPool:
 
     async def _fill(self, index: int) -> None:
         link = self._link_for(index)
-        netns = f"sg-{self.instance}-s{secrets.token_hex(3)}"
+        netns = f"sg-{self.instance}-w{secrets.token_hex(3)}"
         try:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             (self.folder / netns).touch()  # before it exists: a crash while making it is swept
