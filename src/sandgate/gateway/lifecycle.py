@@ -370,10 +370,10 @@ class Lifecycle:
                 undo.append(lambda: self.netlink.submit(self.plumber.release_guest, link).result())
                 t.mark("link")
             elif warm is not None:
-                # Made before the join (pool.py): only IPv6, which pooled links lack, is added.
-                if profile.uplink_ipv6:
-                    await self._nl(self.plumber.add_ipv6, link, netns)
-                    await loop.run_in_executor(None, _uid_log_in, netns, True)
+                # Made before the join (pool.py), IPv6 as the uplink has it: so does the profile
+                # (a wiring fact, profile_for). Anything else is refused, not patched up.
+                if profile.uplink_ipv6 != self.cfg.uplink.has_ipv6:
+                    raise SandgateError("a warm link made for another IPv6 wiring", "run again")
                 t.mark("link")
             else:
                 # The uid-log table goes into the guest's namespace while the link is made (it
@@ -449,10 +449,11 @@ class Lifecycle:
         table, as a join without the pool makes them."""
         if self.plumber.has_link(link.ifname):  # not ours to touch (nor to delete on failure)
             raise SandgateError(f"link {link.ifname} exists already")
+        ipv6 = self.cfg.uplink.has_ipv6  # every guest's profile has it then (profile_for)
         ns.create(netns)
         try:
-            self.plumber.attach_guest(link, netns)
-            _uid_log_in(netns, False)
+            self.plumber.attach_guest(link, netns, ipv6)
+            _uid_log_in(netns, ipv6)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.plumber.detach_guest(link)  # made by the line above: the index is reserved

@@ -254,10 +254,6 @@ class Plumber:
         if ipv6:
             self._quiet_ipv6(link, guest_netns)
 
-    def add_ipv6(self, link: GuestLink, guest_netns: str) -> None:
-        """IPv6 on a link made without it (a warm pool's, gateway/pool.py)."""
-        self._quiet_ipv6(link, guest_netns)
-
     def _quiet_ipv6(self, link: GuestLink, guest_netns: str) -> None:
         """IPv6 on a guest link without a word of its own: an address each end (the guest's
         /64, no DAD), static neighbours both ways (so no neighbour discovery is needed, and the
