@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sandgate import cleanup
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event, FlowKey, Kind
 from sandgate.events.store import home_of
@@ -112,6 +113,7 @@ class Lifecycle:
             self._drop_warm,
             lambda i: GuestLink.from_pool(self.pool, i, guest_mac(i)),
             nl,
+            cleanup.own,
         )
 
     # -- what a guest may do --------------------------------------------------------------------

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandgate import cleanup
 from sandgate.errors import SandgateError
 from sandgate.net import ns
 
@@ -83,11 +82,12 @@ class WarmPool:
         drop: Callable[[GuestLink, str], None],
         link_for: Callable[[int], GuestLink],
         nl: NetlinkCall,
+        own: Callable[[str, int], None] = lambda name, pid: None,
     ) -> None:
         self.instance, self.size = instance, size
         self.folder = run_dir / WARM_DIR
         self._free_index, self._make, self._drop, self._link_for = free_index, make, drop, link_for
-        self._nl = nl
+        self._nl, self._own = nl, own  # own: cleanup.own (not imported: cleanup finds manage)
         self.ready: list[Warm] = []
         self.taken: dict[str, Warm] = {}  # handed to a runner, its join not seen yet
         self.making: set[int] = set()
@@ -112,7 +112,7 @@ class WarmPool:
         self.taken[warm.netns] = warm
         asyncio.get_running_loop().call_later(REFILL_AFTER, self.refill)
         if owner is not None:
-            cleanup.own(warm.netns, owner)
+            self._own(warm.netns, owner)
         (self.folder / warm.netns).unlink(missing_ok=True)  # the runner's now, not ours
         self.failed = None
         return warm.netns
