@@ -554,25 +554,24 @@ class Lifecycle:
         t = _Phases()
         if self._approvals is not None:
             self._approvals.forget_guest(name)  # its waiters are refused at once
-        # The last packets' log records arrive within NFLOG_SETTLE; a caller that knows when
-        # the guest went quiet (its processes were killed) saves the part already waited.
-        # Its counters are final then (sites count the packets that start flows, established
-        # ones are accepted before them, and no flow starts once its processes are gone; only
-        # the log records wait in the kernel's batches): read inside the settle, not after it.
-        counters = None
-        if quiet_since is not None:
-            counters = self.counters(guest)
-            t.mark("counters")
-        quiet = time.time() - quiet_since if quiet_since is not None else 0.0
-        if quiet < NFLOG_SETTLE:
-            await asyncio.sleep(NFLOG_SETTLE - max(0.0, quiet))
+        # Its counters and events are final once everything it sent has met the gateway's
+        # rules and those records are read: the flush barrier (logfeed.py ``barrier``) knows
+        # when, at once, where the kernel's log batches would wait 10 ms. The guest's uid log
+        # holds no batch (queue-threshold 1). A handed guest (another machine), or markers that
+        # do not come back: its last records arrive within NFLOG_SETTLE, and a caller that
+        # knows when the guest went quiet (its processes were killed) saves the part waited.
+        handed = bool(guest.msg.get("handed"))
+        flushed = not handed and await self.feed.barrier(guest, NFLOG_SETTLE)
+        if not flushed:
+            quiet = time.time() - quiet_since if quiet_since is not None else 0.0
+            if quiet < NFLOG_SETTLE:
+                await asyncio.sleep(NFLOG_SETTLE - max(0.0, quiet))
         t.mark("settle")
         self.feed.read_all(guest)
         self.sink.attributor.flush(name, time.monotonic())
         t.mark("logs")
-        if counters is None:
-            counters = self.counters(guest)
-            t.mark("counters")
+        counters = self.counters(guest)
+        t.mark("counters")
         self._retire(guest.profile.name, counters)
         async with self._lock:
             self.check.before_change()
@@ -614,7 +613,7 @@ class Lifecycle:
         )
         self.sink.flush()
         t.mark("events")
-        return {"guest": name, "counters": counters, "timing_ms": t.ms}
+        return {"guest": name, "counters": counters, "flushed": flushed, "timing_ms": t.ms}
 
     async def _detach(self, guest: Guest) -> None:
         try:

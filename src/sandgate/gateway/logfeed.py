@@ -7,17 +7,28 @@ Handed the sink, the ruleset's sites and the guest table; never the daemon.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from sandgate.events.schema import Event, FlowKey, Kind
 from sandgate.gateway.guests import Guest, GuestTable
 from sandgate.gateway.logs.logreader import gateway_event, guest_flow
 from sandgate.gateway.sink import EventSink
-from sandgate.net.compile import GROUP_ACCEPT, GROUP_DROP, Site
-from sandgate.net.nflog import NflogSocket
+from sandgate.net import ns
+from sandgate.net.compile import (
+    FLUSH_MARK,
+    FLUSH_PREFIX,
+    FLUSH_SPORT,
+    GROUP_ACCEPT,
+    GROUP_DROP,
+    Site,
+)
+from sandgate.net.nflog import MarkerSender, NflogSocket
 from sandgate.policy.decide import Attempt, decide
 from sandgate.policy.model import Protocol
 
@@ -28,23 +39,118 @@ class LogFeed:
         self.sites = sites
         self.table = table
         self.readers: list[NflogSocket] = []
+        self.marker: MarkerSender | None = None
+        self._token = 0
+        self._pending: dict[int, set[int]] = {}  # a marker's token → groups yet to log it
+        self._waiters: set[asyncio.Event] = set()
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
         for group in (GROUP_DROP, GROUP_ACCEPT):
             sock = NflogSocket(group, timeout_cs=1)
             self.readers.append(sock)
             loop.add_reader(sock.fileno(), self.read_gateway, sock)
+        try:
+            self.marker = MarkerSender(FLUSH_MARK)
+        except OSError as exc:  # flush() then always says no: callers wait the settle instead
+            print(f"sandgate: no log flush marker ({exc}); logs wait the settle", file=sys.stderr)
 
     def close(self) -> None:
         for sock in self.readers:
             sock.close()
+        if self.marker is not None:
+            self.marker.close()
 
     @property
     def lost(self) -> int:
         return sum(s.lost for s in self.readers)
 
-    def read_gateway(self, sock: NflogSocket) -> None:
-        for pkt in sock.read():
+    def _tokens(self) -> Iterator[int]:
+        while True:
+            self._token = self._token % 0xFFFF + 1
+            yield self._token
+
+    def _expect(self, tokens: list[int]) -> None:
+        for token in tokens:
+            self._pending[token] = {sock.group for sock in self.readers}
+
+    def _done(self, tokens: list[int]) -> bool:
+        return not any(self._pending.get(t) for t in tokens)
+
+    def _marker(self, group: int, token: int | None) -> None:
+        groups = self._pending.get(token) if token is not None else None
+        if groups is None:
+            return  # a flush's that gave up waiting for it
+        groups.discard(group)
+        if not groups:
+            for waiter in self._waiters:
+                waiter.set()
+
+    def flush(self) -> bool:
+        """Read every gateway log record the kernel holds for anything logged before now.
+
+        Sends one flush marker from the gateway itself (net/compile.py ``FLUSH_MARK``), logged
+        in ``sendto``, and reads each group up to it: True when every group's marker came back.
+        False (no marker rule, a lost batch): the caller waits out the kernel's timer instead.
+        """
+        if self.marker is None:
+            return False
+        tokens = [next(self._tokens())]
+        self._expect(tokens)
+        try:
+            self.marker.send("127.0.0.1", tokens[0])
+            for sock in self.readers:
+                while sock.group in self._pending[tokens[0]] and self.read_gateway(sock):
+                    pass
+            return self._done(tokens)
+        except OSError:
+            return False
+        finally:
+            self._pending.pop(tokens[0], None)
+
+    async def barrier(self, guest: Guest, timeout: float) -> bool:
+        """Wait until everything ``guest`` sent so far has met the gateway's rules, and read
+        every record logged for it: its counters are final and its events in the sink then.
+
+        Markers go from the guest's namespace through its own link, one from each CPU
+        (``MarkerSender.send_from_each_cpu``); when all have been logged at the gateway, every
+        packet sent before them has been through its rules (each CPU's backlog is in order),
+        and the marker's queue-threshold 1 sent each group's batch with it. False when no
+        marker could be sent or not all came back within ``timeout``.
+        Measured 2026-12-01, kernel 6.18, 2 cores: ~0.3 ms, where the kernel's timer is 10 ms.
+        """
+        try:
+            sender = MarkerSender.in_netns(ns.path(guest.netns), FLUSH_MARK, FLUSH_SPORT)
+        except OSError:
+            return False
+        tokens: list[int] = []
+        waiter = asyncio.Event()
+        self._waiters.add(waiter)
+        try:
+            tokens = sender.send_from_each_cpu(str(guest.link.gateway), self._tokens())
+            self._expect(tokens)
+            for sock in self.readers:  # usually logged already, inside each sendto
+                self.read_gateway(sock)
+            deadline = time.monotonic() + timeout
+            while not self._done(tokens) and (left := deadline - time.monotonic()) > 0:
+                waiter.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter.wait(), left)
+            return self._done(tokens)
+        except OSError:
+            return False
+        finally:
+            sender.close()
+            self._waiters.discard(waiter)
+            for token in tokens:
+                self._pending.pop(token, None)
+
+    def read_gateway(self, sock: NflogSocket) -> int:
+        """Turn what ``sock`` holds into events; the number of records read."""
+        packets = sock.read()
+        for pkt in packets:
+            if pkt.prefix == FLUSH_PREFIX:  # a flush marker: neither event nor count
+                self._marker(pkt.group, pkt.dport)
+                continue
             site = self.sites.get(pkt.prefix)
             if site is not None:
                 self.sink.flow(
@@ -52,6 +158,7 @@ class LogFeed:
                         pkt, site, self.table.session_at, self.table.session_of, self.pinned
                     )
                 )
+        return len(packets)
 
     def pinned(self, link: str, address: str) -> list[str]:
         """The rule tags the resolver pinned ``address`` under for this guest (still in the

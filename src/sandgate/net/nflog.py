@@ -22,8 +22,11 @@ defaults (64, 10 cs) trade at most 100 ms of delay on sparse traffic for burst s
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import NamedTuple
@@ -41,6 +44,7 @@ from sandgate.net.netlink import (
 
 __all__ = [
     "HOOK_NAMES",
+    "MarkerSender",
     "NflogPacket",
     "NflogSocket",
     "SeqTracker",
@@ -394,3 +398,58 @@ class NflogSocket:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+
+class MarkerSender:
+    """Sends the datagrams a ruleset's flush-marker rules log (net/compile.py ``FLUSH_MARK``).
+
+    One UDP socket carrying ``mark`` (``SO_MARK`` needs CAP_NET_ADMIN) and bound to ``sport``
+    (below 1024 needs CAP_NET_BIND_SERVICE): a guest's processes hold neither, so they cannot
+    forge a marker. Each marker's ``token`` is its destination port, which the NFLOG record
+    carries back. A rule that logs and drops a marker on the output hook does it inside
+    ``sendto`` (EPERM then is the expected outcome); sent into a link, it is logged where the
+    peer's rules meet it.
+    """
+
+    def __init__(self, mark: int, sport: int = 0) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+            if sport:
+                self._sock.bind(("0.0.0.0", sport))
+            self._sock.setblocking(False)
+        except BaseException:
+            self._sock.close()
+            raise
+
+    @classmethod
+    def in_netns(cls, netns_path: str, mark: int, sport: int = 0) -> MarkerSender:
+        """The sender's socket made inside the namespace at ``netns_path``; it sends from there."""
+        return run_in_netns(netns_path, lambda: cls(mark, sport))
+
+    def send(self, dst: str, token: int) -> None:
+        """One marker; ``token`` in 1..65535. ``OSError`` when it could not be sent."""
+        with contextlib.suppress(PermissionError):  # dropped by an output marker rule
+            self._sock.sendto(b"", (dst, token))
+
+    def send_from_each_cpu(self, dst: str, tokens: Iterator[int]) -> list[int]:
+        """One marker sent from each CPU this thread may run on; the tokens sent.
+
+        A packet handed to a veth waits in the backlog of the CPU that sent it, in order; a
+        marker sent from every CPU therefore comes out behind every packet sent before it.
+        """
+        allowed = os.sched_getaffinity(0)
+        sent: list[int] = []
+        try:
+            for cpu in sorted(allowed):
+                os.sched_setaffinity(0, {cpu})  # moves this thread there before returning
+                token = next(tokens)
+                self.send(dst, token)
+                sent.append(token)
+        finally:
+            os.sched_setaffinity(0, allowed)
+        return sent
+
+    def close(self) -> None:
+        self._sock.close()
