@@ -336,7 +336,7 @@ def base_ruleset(
         "input",
         _match(_meta("iifname"), guest_links),
         _match(_meta("l4proto"), "udp"),
-        _match(_payload("udp", "sport"), FLUSH_SPORT),
+        _match(_payload("th", "sport"), FLUSH_SPORT),
         *_flush_logs(),
     )
     if ipv6:  # the uplink's neighbour discovery (guest links have static neighbours)
