@@ -54,7 +54,6 @@ class Packet:
     ethertype: str = "ip"  # "ip" | "arp" | "ip6" | "vlan" ...
     dnat: bool = False  # conntrack's "ct status dnat": prerouting rewrote the destination
     icmp_type: str | None = None  # an ICMPv6 type by nft's name ("nd-neighbor-solicit")
-    sport: int | None = None  # None: a port a guest's unprivileged processes can bind
 
     @classmethod
     def v6(cls, daddr: IPv6Address, proto: str, dport: int | None, **kw: Any) -> Packet:
@@ -261,8 +260,6 @@ class Ruleset:
                 return pkt.ethertype
             if field_ == ("th", "dport"):
                 return pkt.dport
-            if field_ == ("th", "sport"):
-                return pkt.sport
         elif key == "meta":
             v6 = pkt.ethertype == "ip6"
             return {

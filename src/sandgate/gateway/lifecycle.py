@@ -554,12 +554,12 @@ class Lifecycle:
         t = _Phases()
         if self._approvals is not None:
             self._approvals.forget_guest(name)  # its waiters are refused at once
-        # Its counters and events are final once everything it sent has met the gateway's
-        # rules and those records are read: the flush barrier (logfeed.py ``barrier``) knows
-        # when, at once, where the kernel's log batches would wait 10 ms. The guest's uid log
-        # holds no batch (queue-threshold 1). A handed guest (another machine), or markers that
-        # do not come back: its last records arrive within NFLOG_SETTLE, and a caller that
-        # knows when the guest went quiet (its processes were killed) saves the part waited.
+        # Its counters and events are final once every flow it started has met the gateway's
+        # rules and those records are read: the barrier (logfeed.py ``barrier``) knows when,
+        # mostly at once, where the kernel's log batches would wait 10 ms. A handed guest
+        # (another machine: no uid log), or a barrier not met: its last records arrive within
+        # NFLOG_SETTLE, and a caller that knows when the guest went quiet (its processes were
+        # killed) saves the part waited.
         handed = bool(guest.msg.get("handed"))
         flushed = not handed and await self.feed.barrier(guest, NFLOG_SETTLE)
         if not flushed:

@@ -64,11 +64,8 @@ GROUP_GUEST = 3  # in each guest namespace: new outbound flows with the sending 
 # log groups logs with queue-threshold 1: the kernel then sends that group's queued records at
 # once, the marker last, so a reader that sees the marker has read everything logged before it.
 # It is dropped, never counted, and no site has its prefix (gateway/logfeed.py ``flush``).
-# A guest's flush marker goes through its own link from its namespace (behind every packet it
-# sent), from a port below 1024 that its processes cannot bind, and is not logged there.
 FLUSH_MARK = 0x53470F1A
 FLUSH_PREFIX = "sg:flush"
-FLUSH_SPORT = 1021
 # -- end of the flush marker ------------------------------------------------------------------
 # The proxy's ports on each guest's gateway address (decide() allows exactly these).
 PROXY_PORTS = GATEWAY_PROXY_PORTS
@@ -332,13 +329,6 @@ def base_ruleset(
     b.rule("forward", unknown)
 
     b.rule("input", _match(_meta("iif"), "lo"), {"accept": None})
-    b.rule(  # a guest's flush marker (FLUSH_SPORT above), before anything counts it
-        "input",
-        _match(_meta("iifname"), guest_links),
-        _match(_meta("l4proto"), "udp"),
-        _match(_payload("th", "sport"), FLUSH_SPORT),
-        *_flush_logs(),
-    )
     if ipv6:  # the uplink's neighbour discovery (guest links have static neighbours)
         b.rule("input", _match(_meta("iifname"), uplink), _icmp6(*_ND), {"accept": None})
     b.rule("input", _ct_state("established", "related"), {"accept": None})
@@ -886,15 +876,6 @@ def guest_uid_log(ipv6: bool = False) -> list[Json]:
                     **t,
                     "chain": "output",
                     "expr": [_match(_meta("oif"), "lo"), {"accept": None}],
-                }
-            }
-        },
-        {  # the gateway's flush marker (FLUSH_MARK) is no flow of the guest's
-            "add": {
-                "rule": {
-                    **t,
-                    "chain": "output",
-                    "expr": [_match(_meta("mark"), FLUSH_MARK), {"accept": None}],
                 }
             }
         },

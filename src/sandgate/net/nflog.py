@@ -23,10 +23,8 @@ defaults (64, 10 cs) trade at most 100 ms of delay on sparse traffic for burst s
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import NamedTuple
@@ -400,56 +398,29 @@ class NflogSocket:
         self.close()
 
 
-
 class MarkerSender:
-    """Sends the datagrams a ruleset's flush-marker rules log (net/compile.py ``FLUSH_MARK``).
+    """Sends the datagrams a ruleset's flush-marker rule logs (net/compile.py ``FLUSH_MARK``).
 
-    One UDP socket carrying ``mark`` (``SO_MARK`` needs CAP_NET_ADMIN) and bound to ``sport``
-    (below 1024 needs CAP_NET_BIND_SERVICE): a guest's processes hold neither, so they cannot
-    forge a marker. Each marker's ``token`` is its destination port, which the NFLOG record
-    carries back. A rule that logs and drops a marker on the output hook does it inside
-    ``sendto`` (EPERM then is the expected outcome); sent into a link, it is logged where the
-    peer's rules meet it.
+    One UDP socket carrying ``mark`` (``SO_MARK`` needs CAP_NET_ADMIN, which a guest's
+    processes lack, so they cannot forge one); each marker goes to 127.0.0.1 with its ``token``
+    as destination port, which the NFLOG record carries back. The output hook runs inside
+    ``sendto``, so the marker is logged (and the group's batch sent) before ``sendto`` returns;
+    the rule then drops it, and the EPERM that follows is the expected outcome.
     """
 
-    def __init__(self, mark: int, sport: int = 0) -> None:
+    def __init__(self, mark: int) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
-            if sport:
-                self._sock.bind(("0.0.0.0", sport))
             self._sock.setblocking(False)
         except BaseException:
             self._sock.close()
             raise
 
-    @classmethod
-    def in_netns(cls, netns_path: str, mark: int, sport: int = 0) -> MarkerSender:
-        """The sender's socket made inside the namespace at ``netns_path``; it sends from there."""
-        return run_in_netns(netns_path, lambda: cls(mark, sport))
-
-    def send(self, dst: str, token: int) -> None:
+    def send(self, token: int) -> None:
         """One marker; ``token`` in 1..65535. ``OSError`` when it could not be sent."""
-        with contextlib.suppress(PermissionError):  # dropped by an output marker rule
-            self._sock.sendto(b"", (dst, token))
-
-    def send_from_each_cpu(self, dst: str, tokens: Iterator[int]) -> list[int]:
-        """One marker sent from each CPU this thread may run on; the tokens sent.
-
-        A packet handed to a veth waits in the backlog of the CPU that sent it, in order; a
-        marker sent from every CPU therefore comes out behind every packet sent before it.
-        """
-        allowed = os.sched_getaffinity(0)
-        sent: list[int] = []
-        try:
-            for cpu in sorted(allowed):
-                os.sched_setaffinity(0, {cpu})  # moves this thread there before returning
-                token = next(tokens)
-                self.send(dst, token)
-                sent.append(token)
-        finally:
-            os.sched_setaffinity(0, allowed)
-        return sent
+        with contextlib.suppress(PermissionError):  # dropped by the marker rule, once logged
+            self._sock.sendto(b"", ("127.0.0.1", token))
 
     def close(self) -> None:
         self._sock.close()
