@@ -89,6 +89,7 @@ class ProcessHold:
         self._done = threading.Event()  # the worker reports nothing more
         self._quiet = threading.Event()  # the guest's processes are dead (release_all)
         self._released = threading.Event()  # ... and every packet held then has gone on
+        self._busy = False  # the worker has taken packets off its socket and not let them go
         self._queue: NfqueueSocket | None = None
         self._finder: ProcessFinder | None = None
 
@@ -121,8 +122,20 @@ class ProcessHold:
 
     @property
     def released(self) -> bool:
-        """Every packet held when ``release_all`` was called has gone on (or no worker runs)."""
-        return self._released.is_set() or self._done.is_set()
+        """Every packet held when ``release_all`` was called has gone on (or no worker runs).
+
+        Also true at once when none is held: the worker is between batches and its socket
+        has nothing to read (every held packet is sent to it when queued), so a quiet guest's
+        barrier need not wait for the worker to be scheduled."""
+        if self._released.is_set() or self._done.is_set():
+            return True
+        if not self._quiet.is_set() or self._busy or self._queue is None:
+            return False
+        try:
+            readable, _, _ = select.select([self._queue.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return self._done.is_set()
+        return not readable and not self._busy
 
     def stop(self) -> None:
         self._stop.set()
@@ -151,13 +164,21 @@ class ProcessHold:
                         os.read(self._wake_r, 64)
                     # Each held packet was sent to this socket when it was queued: read empty,
                     # none is held (a dead guest queues no more).
-                    while batch := queue.read():
-                        for pkt in batch:
-                            self._one(queue, None, pkt)
+                    self._busy = True
+                    try:
+                        while batch := queue.read():
+                            for pkt in batch:
+                                self._one(queue, None, pkt)
+                    finally:
+                        self._busy = False
                     self._released.set()
                     continue
-                for pkt in queue.read():
-                    self._one(queue, None if self._quiet.is_set() else finder, pkt)
+                self._busy = True  # before the read: its packets leave the socket
+                try:
+                    for pkt in queue.read():
+                        self._one(queue, None if self._quiet.is_set() else finder, pkt)
+                finally:
+                    self._busy = False
         finally:
             self._done.set()
             finder.close()
