@@ -579,7 +579,9 @@ class Lifecycle:
             if guest.uidlog is not None:
                 loop.remove_reader(guest.uidlog.fileno())
                 guest.uidlog.close()
-            if guest.hold is not None:
+            if guest.hold is not None and flushed:
+                guest.hold.stop(wait=False)  # the barrier saw every held packet go on
+            elif guest.hold is not None:
                 await loop.run_in_executor(None, guest.hold.stop)
             t.mark("hold")
             await self.resolver.stop_guest(guest.dns)

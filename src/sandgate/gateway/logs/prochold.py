@@ -137,17 +137,25 @@ class ProcessHold:
             return self._done.is_set()
         return not readable and not self._busy
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """End the worker; ``wait``: until it reports nothing more. A caller whose guest's
+        held packets have all gone on (``released``) has nothing more to wait for."""
+        if self._stop.is_set():  # stopped before: its fds are closed (their numbers reused)
+            if wait and self._thread is not None:
+                self._done.wait(timeout=5)
+            return
         self._stop.set()
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
-        if self._thread is not None:
+        with contextlib.suppress(OSError):
+            os.close(self._wake_w)  # the read end is the worker's to close
+        if self._thread is None:
+            with contextlib.suppress(OSError):
+                os.close(self._wake_r)
+        elif wait:
             # Not join(): the worker closes its queue socket after its loop, and that close
             # waits out an RCU grace period (~10 ms) no caller needs to wait for (issue 13).
             self._done.wait(timeout=5)
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
     def _run(self) -> None:
         assert self._queue is not None and self._finder is not None
@@ -181,6 +189,8 @@ class ProcessHold:
                     self._busy = False
         finally:
             self._done.set()
+            with contextlib.suppress(OSError):
+                os.close(self._wake_r)
             finder.close()
             queue.close()
 
