@@ -69,7 +69,7 @@ def test_a_marker_is_no_event_and_answers_only_its_own_flush() -> None:
     feed._expect([7])
     drop.batches = [[_marker(GROUP_DROP, 6)], [_marker(GROUP_DROP, 7)]]  # an older one first
     assert feed.read_gateway(drop) == 1  # type: ignore[arg-type]
-    assert not feed._done([7])
+    assert feed._pending[7] == {GROUP_DROP, GROUP_ACCEPT}  # an earlier flush's answers nothing
     feed.read_gateway(drop)  # type: ignore[arg-type]
     assert not feed._done([7])  # the accept group's marker is still to come
     accept.batches = [[_marker(GROUP_ACCEPT, 7)]]
