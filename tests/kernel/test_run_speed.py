@@ -8,9 +8,10 @@ import os
 import secrets
 import subprocess
 import time
+from pathlib import Path
 
 from sandgate import cleanup
-from sandgate.events.store import home_of
+from sandgate.events.store import Store, home_of
 from sandgate.gateway import integrity
 from sandgate.net import ns
 from sandgate.sandbox.launch import Sandbox
@@ -141,6 +142,51 @@ def test_counters_read_inside_the_settle_count_every_attempt(sandbox: Runner) ->
     logged = [e for e in conns(sandbox.events(r), "10.77.0.20", 22) if e.verdict != "allow"]
     assert len(logged) == 3, logged
     assert sum(int(c["packets"]) for c in tripwire) == 3, r.report.counters
+
+
+def test_every_drop_right_before_leaving_is_logged_and_counted(
+    stack: Stack, store_path: Path
+) -> None:
+    """A burst of dropped flows in a guest's last instant, then remove_guest at once: it no
+    longer waits out the kernel's log batches (10 ms timer, 64 records) but flushes them with
+    a marker, so every attempt is an event and counted when it returns, and no marker is."""
+    n = 300  # several full batches and a partial one, under the drop log's burst (1000)
+    script = (
+        "import os, socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        f"for port in range(20000, {20000 + n}):\n"
+        "    try: s.sendto(b'x', ('10.77.0.20', port))\n"
+        "    except OSError: pass\n"
+        "os._exit(0)\n"  # no interpreter teardown: the control call follows the last drop
+    )
+    box = Sandbox.create(f"burst-{secrets.token_hex(3)}", stack.instance, None, 61000)
+    cleanup.own(box.netns)
+    try:
+        with stack.gateway.client() as ctl:
+            guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
+            try:
+                subprocess.run(
+                    ["nsenter", f"--net={ns.path(box.netns)}", "python3", "-c", script],
+                    check=True,
+                )
+            finally:
+                removed = ctl.call("remove_guest", guest=guest["guest"], quiet_since=time.time())
+    finally:
+        box.destroy()
+        cleanup.disown(box.netns)
+    store = Store(store_path)
+    try:
+        events = store.events(session=box.session)
+    finally:
+        store.close()
+    logged = [e for e in conns(events, "10.77.0.20") if e.verdict != "allow"]
+    assert sum(e.count for e in logged) == n, (len(logged), removed)
+    assert not [e for e in logged if e.details.get("inferred")], "a gateway record came late"
+    assert {e.port for e in logged} == set(range(20000, 20000 + n))
+    dropped = [c for c in removed["counters"].values() if c["verdict"] != "allow"]
+    assert sum(int(c["packets"]) for c in dropped) == n, removed["counters"]
+    assert not [e for e in events if e.dst == "127.0.0.1"], "a flush marker became an event"
+    assert removed["flushed"], f"the barrier was not met, the settle waited: {removed}"
 
 
 def test_retention_runs_beside_the_command_and_is_done_when_the_run_returns(

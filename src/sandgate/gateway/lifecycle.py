@@ -642,25 +642,24 @@ class Lifecycle:
         t = _Phases()
         if self._approvals is not None:
             self._approvals.forget_guest(name)  # its waiters are refused at once
-        # The last packets' log records arrive within NFLOG_SETTLE; a caller that knows when
-        # the guest went quiet (its processes were killed) saves the part already waited.
-        # Its counters are final then (sites count the packets that start flows, established
-        # ones are accepted before them, and no flow starts once its processes are gone; only
-        # the log records wait in the kernel's batches): read inside the settle, not after it.
-        counters = None
-        if quiet_since is not None:
-            counters = self.counters(guest)
-            t.mark("counters")
-        quiet = time.time() - quiet_since if quiet_since is not None else 0.0
-        if quiet < NFLOG_SETTLE:
-            await asyncio.sleep(NFLOG_SETTLE - max(0.0, quiet))
+        # Its counters and events are final once every flow it started has met the gateway's
+        # rules and those records are read: the barrier (logfeed.py ``barrier``) knows when,
+        # mostly at once, where the kernel's log batches would wait 10 ms. A handed guest
+        # (another machine: no uid log), or a barrier not met: its last records arrive within
+        # NFLOG_SETTLE, and a caller that knows when the guest went quiet (its processes were
+        # killed) saves the part waited.
+        handed = bool(guest.msg.get("handed"))
+        flushed = not handed and await self.feed.barrier(guest, NFLOG_SETTLE)
+        if not flushed:
+            quiet = time.time() - quiet_since if quiet_since is not None else 0.0
+            if quiet < NFLOG_SETTLE:
+                await asyncio.sleep(NFLOG_SETTLE - max(0.0, quiet))
         t.mark("settle")
         self.feed.read_all(guest)
         self.sink.attributor.flush(name, time.monotonic())
         t.mark("logs")
-        if counters is None:
-            counters = self.counters(guest)
-            t.mark("counters")
+        counters = self.counters(guest)
+        t.mark("counters")
         self._retire(guest.profile.name, counters)
         async with self._lock:
             self.check.before_change()
@@ -668,7 +667,9 @@ class Lifecycle:
             if guest.uidlog is not None:
                 loop.remove_reader(guest.uidlog.fileno())
                 guest.uidlog.close()
-            if guest.hold is not None:
+            if guest.hold is not None and flushed:
+                guest.hold.stop(wait=False)  # the barrier saw every held packet go on
+            elif guest.hold is not None:
                 await loop.run_in_executor(None, guest.hold.stop)
             t.mark("hold")
             await self.resolver.stop_guest(guest.dns)
@@ -702,7 +703,7 @@ class Lifecycle:
         )
         self.sink.flush()
         t.mark("events")
-        return {"guest": name, "counters": counters, "timing_ms": t.ms}
+        return {"guest": name, "counters": counters, "flushed": flushed, "timing_ms": t.ms}
 
     async def _detach(self, guest: Guest) -> None:
         # Not under the lock: a veth's deletion waits out an RCU grace period (~20 ms), which

@@ -301,7 +301,8 @@ class Gateway:
         return await self.guests_.remove(str(msg["guest"]), quiet)
 
     async def _flush(self, msg: dict[str, Any]) -> dict[str, Any]:
-        await asyncio.sleep(NFLOG_SETTLE)
+        if not self.feed.flush():  # no marker back: wait out the kernel's batches
+            await asyncio.sleep(NFLOG_SETTLE)
         self.feed.read_all()
         self.sink.attributor.tick(time.monotonic() + 10)
         self.sink.flush()

@@ -60,6 +60,14 @@ TABLE = "sandgate"
 GROUP_DROP = 1  # NFLOG group for drops in the gateway namespace
 GROUP_ACCEPT = 2  # accepted new flows
 GROUP_GUEST = 3  # in each guest namespace: new outbound flows with the sending uid
+# -- the log flush marker (issue 13) ----------------------------------------------------------
+# A datagram only the gateway itself can send (local output, this socket mark) that each of its
+# log groups logs with queue-threshold 1: the kernel then sends that group's queued records at
+# once, the marker last, so a reader that sees the marker has read everything logged before it.
+# It is dropped, never counted, and no site has its prefix (gateway/logfeed.py ``flush``).
+FLUSH_MARK = 0x53470F1A
+FLUSH_PREFIX = "sg:flush"
+# -- end of the flush marker ------------------------------------------------------------------
 # The proxy's ports on each guest's gateway address (decide() allows exactly these).
 PROXY_PORTS = GATEWAY_PROXY_PORTS
 PROXY_EXPLICIT_PORT, PROXY_HTTP_PORT, PROXY_TLS_PORT = PROXY_PORTS
@@ -301,6 +309,8 @@ def base_ruleset(
     b.add("chain", name="forward", type="filter", hook="forward", prio=0, policy="drop")
     b.add("chain", name="input", type="filter", hook="input", prio=0, policy="drop")
     b.add("chain", name="output", type="filter", hook="output", prio=0, policy="accept")
+    # the gateway's own flush marker (FLUSH_MARK above): flush each log group, then drop it
+    b.rule("output", _match(_meta("mark"), FLUSH_MARK), *_flush_logs())
     b.add("chain", name="prerouting", type="nat", hook="prerouting", prio=-100, policy="accept")
     b.add("chain", name="postrouting", type="nat", hook="postrouting", prio=100, policy="accept")
     if fence:
@@ -1072,6 +1082,15 @@ def _payload(protocol: str, fld: str) -> Json:
 
 def _ct_state(*states: str) -> Json:
     return _match({"ct": {"key": "state"}}, list(states) if len(states) > 1 else states[0], op="in")
+
+
+def _flush_logs() -> list[Json]:
+    """A flush marker: logged to each gateway group with queue-threshold 1, then dropped."""
+    return [
+        _log(FLUSH_PREFIX, GROUP_DROP, qthresh=1),
+        _log(FLUSH_PREFIX, GROUP_ACCEPT, qthresh=1),
+        {"drop": None},
+    ]
 
 
 def _log(prefix: str, group: int, qthresh: int = 64) -> Json:

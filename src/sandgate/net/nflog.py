@@ -22,6 +22,7 @@ defaults (64, 10 cs) trade at most 100 ms of delay on sparse traffic for burst s
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from sandgate.net.netlink import (
 
 __all__ = [
     "HOOK_NAMES",
+    "MarkerSender",
     "NflogPacket",
     "NflogSocket",
     "SeqTracker",
@@ -394,3 +396,31 @@ class NflogSocket:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class MarkerSender:
+    """Sends the datagrams a ruleset's flush-marker rule logs (net/compile.py ``FLUSH_MARK``).
+
+    One UDP socket carrying ``mark`` (``SO_MARK`` needs CAP_NET_ADMIN, which a guest's
+    processes lack, so they cannot forge one); each marker goes to 127.0.0.1 with its ``token``
+    as destination port, which the NFLOG record carries back. The output hook runs inside
+    ``sendto``, so the marker is logged (and the group's batch sent) before ``sendto`` returns;
+    the rule then drops it, and the EPERM that follows is the expected outcome.
+    """
+
+    def __init__(self, mark: int) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+            self._sock.setblocking(False)
+        except BaseException:
+            self._sock.close()
+            raise
+
+    def send(self, token: int) -> None:
+        """One marker; ``token`` in 1..65535. ``OSError`` when it could not be sent."""
+        with contextlib.suppress(PermissionError):  # dropped by the marker rule, once logged
+            self._sock.sendto(b"", ("127.0.0.1", token))
+
+    def close(self) -> None:
+        self._sock.close()

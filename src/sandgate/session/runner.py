@@ -277,23 +277,21 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     cgroup.remove()  # kills what is left of the sandbox's processes, then rmdir
                     cleanup.disown(cgroup.name)
             quiet_since = time.time()  # nothing of the guest's runs any more
-            if guest is not None and box is not None:
+            removal = _Removal(stack, guest["guest"], quiet_since) if guest is not None else None
+            if guest is not None and box is not None and removal is not None:
                 with t.phase("findings (drift snapshot after, writes)"):
                     try:
-                        findings = _findings(stack, box, keep, before, set(box.bound))
+                        findings = _findings(
+                            stack, box, keep, before, set(box.bound), removal.start
+                        )
                     except Exception as exc:  # a finding we cannot make must not keep the box
                         findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
-            if guest is not None:
-                with (
-                    t.phase("control remove_guest (log settle)") as ph,
-                    contextlib.suppress(SandgateError),
-                    stack.gateway.client() as ctl,
-                ):
-                    removed = ctl.call(
-                        "remove_guest", guest=guest["guest"], quiet_since=quiet_since
-                    )
-                    counters = removed.get("counters", {})
-                    ph.steps = dict(removed.get("timing_ms") or {})
+            if removal is not None:
+                with t.phase("control remove_guest (log settle)") as ph:
+                    removed = removal.result()
+                    if removed is not None:
+                        counters = removed.get("counters", {})
+                        ph.steps = dict(removed.get("timing_ms") or {})
         finally:
             with t.phase("teardown: netns, dirs"):
                 if box is not None:
@@ -625,14 +623,53 @@ def _snapshot(stack: Stack, box: Sandbox) -> tuple[dict[str, str | None], dict[s
     return snap, raw
 
 
+class _Removal:
+    """The guest's remove_guest on a thread (issue 13): started beside the file findings once
+    the drift snapshot is taken (it must still see the guest's rules), else after them. The
+    file findings read only the sandbox's disk, nothing the gateway changes."""
+
+    def __init__(self, stack: Stack, guest: str, quiet_since: float) -> None:
+        self.stack, self.guest, self.quiet_since = stack, guest, quiet_since
+        self._thread: threading.Thread | None = None
+        self._reply: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._call, name="remove-guest", daemon=True)
+            self._thread.start()
+
+    def _call(self) -> None:
+        try:
+            with self.stack.gateway.client() as ctl:
+                self._reply = ctl.call(
+                    "remove_guest", guest=self.guest, quiet_since=self.quiet_since
+                )
+        except SandgateError:
+            pass  # as before: the report says what it has
+        except BaseException as exc:  # raised where the caller waits
+            self._error = exc
+
+    def result(self) -> dict[str, Any] | None:
+        """The gateway's reply (None: it refused); starts the call if nothing did yet."""
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._reply
+
+
 def _findings(
     stack: Stack,
     box: Sandbox,
     keep: Path,
     before: dict[str, str | None],
     mountpoints: set[str],  # sandbox paths bwrap bound files onto: their mount points are ours
+    snapshot_taken: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """After the command: drift (restoring a changed gateway), stray writes, privilege attempts."""
+    """After the command: drift (restoring a changed gateway), stray writes, privilege attempts.
+    ``snapshot_taken``: called once the gateway is done with (no drift to restore)."""
     assert box.space is not None
     out: dict[str, Any] = {}
     after, raw = _snapshot(stack, box)
@@ -651,6 +688,8 @@ def _findings(
         else:
             # Other sessions' guests come and go on a shared gateway: not this agent's drift.
             result.items = [i for i in result.items if i.what != "gateway ruleset"]
+    if snapshot_taken is not None and not result.gateway_changed:
+        snapshot_taken()  # a restore's check would race the removal's counters: not then
     out["drift"] = result.as_json()
     log = privilege.PRIVILEGE_LOG
     changes = box.space.changes(mountpoints | {log})  # once: it hashes every file it lists

@@ -126,6 +126,10 @@ class Attributor:
                         self._emit(_with(inferred, sender))
                 del self._senders[key]
 
+    def unreported(self, guest: str) -> list[FlowKey]:
+        """Flows ``guest``'s side saw start that no gateway-side event has claimed yet."""
+        return [k for k, s in self._senders.items() if k[0] == guest and not s.used]
+
     def _before(self) -> None:
         for hook in self.before:
             try:
