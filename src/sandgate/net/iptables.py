@@ -272,7 +272,9 @@ def _restore_committed(text: str) -> None:
                 child.kill()
                 child.wait()
                 raise NetError(f"{RESTORE} did not finish in 30 s")
-            select.select([monitor.fileno()], [], [], 0.05)
+            waiter = select.poll()  # not select: descriptors past 1024 (many guests)
+            waiter.register(monitor.fileno(), select.POLLIN)
+            waiter.poll(50)
     finally:
         # Closing the monitor (a socket in a multicast group) waits out a grace period too
         # (9-16 ms): on the reaping thread, with the child's exit.

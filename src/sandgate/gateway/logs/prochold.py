@@ -131,8 +131,10 @@ class ProcessHold:
             return True
         if not self._quiet.is_set() or self._busy or self._queue is None:
             return False
-        try:
-            readable, _, _ = select.select([self._queue.fileno()], [], [], 0)
+        try:  # poll, not select: a gateway with many guests has descriptors past 1024
+            poller = select.poll()
+            poller.register(self._queue.fileno(), select.POLLIN)
+            readable = poller.poll(0)
         except (OSError, ValueError):
             return self._done.is_set()
         return not readable and not self._busy
@@ -163,8 +165,11 @@ class ProcessHold:
         try:
             with contextlib.suppress(OSError):
                 finder.prime()
+            poller = select.poll()  # not select: descriptors past 1024 (many guests)
+            poller.register(queue.fileno(), select.POLLIN)
+            poller.register(self._wake_r, select.POLLIN)
             while not self._stop.is_set():
-                ready, _, _ = select.select([queue.fileno(), self._wake_r], [], [])
+                ready = {fd for fd, _ in poller.poll()}
                 if self._wake_r in ready:
                     if self._stop.is_set() or not self._quiet.is_set():
                         break

@@ -664,10 +664,14 @@ def copy_both(
 ) -> tuple[int, int]:
     """One-thread relay that also works for TLS streams (whose buffered bytes select() misses)."""
     open_: dict[Stream, Stream] = {a: b, b: a}
+    by_fd = {s.fileno(): s for s in open_}
+    poller = select.poll()  # not select: descriptors past 1024 (many guests, many flows)
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
     while open_:
         ready: list[Stream] = [s for s in open_ if isinstance(s, TlsStream) and s.pending()]
         if not ready:
-            ready, _, _ = select.select(list(open_), [], [], idle)
+            ready = [by_fd[fd] for fd, _ in poller.poll(idle * 1000) if by_fd[fd] in open_]
             if not ready:
                 break
         for src in ready:
@@ -682,6 +686,7 @@ def copy_both(
                 data = b""
             if not data:
                 del open_[src]
+                poller.unregister(src.fileno())
                 with contextlib.suppress(OSError):
                     dst.shutdown(socket.SHUT_WR)
                 continue
