@@ -8,6 +8,8 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sandgate import cleanup
@@ -19,6 +21,18 @@ from sandgate.session.stack import Stack
 from sandgate.session.timings import Timings
 
 from .conftest import Runner, conns
+
+
+@contextmanager
+def _box(stack: Stack, tag: str) -> Iterator[Sandbox]:
+    """A sandbox's namespace and folders for a test that talks to the gateway itself."""
+    box = Sandbox.create(f"{tag}-{secrets.token_hex(3)}", stack.instance, None, 61000)
+    cleanup.own(box.netns)
+    try:
+        yield box
+    finally:
+        box.destroy()
+        cleanup.disown(box.netns)
 
 
 def test_a_reused_snapshot_still_sees_a_foreign_change(stack: Stack) -> None:
@@ -50,25 +64,19 @@ def test_a_harmless_outside_commit_then_a_join_is_no_drift(stack: Stack) -> None
     """Another process commits a transaction that changes nothing (a chain made and deleted),
     then a guest joins: no drift, so the watchdog repairs nothing (its repair would empty the
     joining session's counters). Before, the join's own commit made the two indistinguishable."""
-    box = Sandbox.create(f"noop-{secrets.token_hex(3)}", stack.instance, None, 61000)
-    cleanup.own(box.netns)
-    try:
-        with stack.gateway.client() as ctl:
-            subprocess.run(
-                ["nsenter", f"--net=/proc/{stack.gateway.pid}/ns/net", "nft",
-                 "add chain inet sandgate sg_noop; delete chain inet sandgate sg_noop"],
-                check=True,
-            )  # fmt: skip
-            guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
-            try:
-                snap = ctl.call("snapshot")
-                assert snap["digest"] == snap["expected"]
-                assert not ctl.call("check")["problems"]
-            finally:
-                ctl.call("remove_guest", guest=guest["guest"])
-    finally:
-        box.destroy()
-        cleanup.disown(box.netns)
+    with _box(stack, "noop") as box, stack.gateway.client() as ctl:
+        subprocess.run(
+            ["nsenter", f"--net=/proc/{stack.gateway.pid}/ns/net", "nft",
+             "add chain inet sandgate sg_noop; delete chain inet sandgate sg_noop"],
+            check=True,
+        )  # fmt: skip
+        guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
+        try:
+            snap = ctl.call("snapshot")
+            assert snap["digest"] == snap["expected"]
+            assert not ctl.call("check")["problems"]
+        finally:
+            ctl.call("remove_guest", guest=guest["guest"])
 
 
 def test_timings_cover_the_run_and_the_gateway_steps(sandbox: Runner) -> None:
@@ -91,38 +99,32 @@ def test_timings_cover_the_run_and_the_gateway_steps(sandbox: Runner) -> None:
 def test_a_join_lists_the_rules_ahead_and_the_listing_is_true(stack: Stack) -> None:
     """After add_guest the gateway lists its rules before it is asked (the runner's drift
     snapshot comes next): that listing holds the new guest's rules and equals a fresh one."""
-    box = Sandbox.create(f"prewarm-{secrets.token_hex(3)}", stack.instance, None, 61000)
-    cleanup.own(box.netns)
-    try:
-        with stack.gateway.client() as ctl:
-            guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
-            try:
-                # Made beside the link, there when the join returns: the guest's uid log.
-                uid_table = subprocess.run(
-                    ["nsenter", f"--net={ns.path(box.netns)}", "nft", "list", "table", "inet",
-                     "sandgate"],
-                    capture_output=True, text=True, check=True,
-                ).stdout  # fmt: skip
-                assert "hook output" in uid_table and "sg:uid" in uid_table, uid_table
-                time.sleep(0.3)  # the listing runs on the gateway's loop right after the reply
-                early = ctl.call("snapshot")  # nothing runs in the guest: no commit since
-                assert early["reused"], "the join's listing was not there for the snapshot"
-                assert any(guest["guest"] in line for line in early["ruleset"])
-                # The rules as they are now, listed from outside (no commit: the state of
-                # the gateway's own bookkeeping stays as it is for the tests after this one).
-                listing = subprocess.run(
-                    ["nsenter", f"--net=/proc/{stack.gateway.pid}/ns/net", "nft", "-j", "list",
-                     "ruleset"],
-                    capture_output=True, text=True, check=True,
-                ).stdout  # fmt: skip
-                fresh = integrity.ruleset_lines(json.loads(listing)["nftables"])
-                assert fresh == early["ruleset"]
-                assert early["digest"] == early["expected"]
-            finally:
-                ctl.call("remove_guest", guest=guest["guest"])
-    finally:
-        box.destroy()
-        cleanup.disown(box.netns)
+    with _box(stack, "prewarm") as box, stack.gateway.client() as ctl:
+        guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
+        try:
+            # Made beside the link, there when the join returns: the guest's uid log.
+            uid_table = subprocess.run(
+                ["nsenter", f"--net={ns.path(box.netns)}", "nft", "list", "table", "inet",
+                 "sandgate"],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            assert "hook output" in uid_table and "sg:uid" in uid_table, uid_table
+            time.sleep(0.3)  # the listing runs on the gateway's loop right after the reply
+            early = ctl.call("snapshot")  # nothing runs in the guest: no commit since
+            assert early["reused"], "the join's listing was not there for the snapshot"
+            assert any(guest["guest"] in line for line in early["ruleset"])
+            # The rules as they are now, listed from outside (no commit: the state of
+            # the gateway's own bookkeeping stays as it is for the tests after this one).
+            listing = subprocess.run(
+                ["nsenter", f"--net=/proc/{stack.gateway.pid}/ns/net", "nft", "-j", "list",
+                 "ruleset"],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            fresh = integrity.ruleset_lines(json.loads(listing)["nftables"])
+            assert fresh == early["ruleset"]
+            assert early["digest"] == early["expected"]
+        finally:
+            ctl.call("remove_guest", guest=guest["guest"])
 
 
 def test_counters_read_inside_the_settle_count_every_attempt(sandbox: Runner) -> None:
@@ -159,21 +161,15 @@ def test_every_drop_right_before_leaving_is_logged_and_counted(
         "    except OSError: pass\n"
         "os._exit(0)\n"  # no interpreter teardown: the control call follows the last drop
     )
-    box = Sandbox.create(f"burst-{secrets.token_hex(3)}", stack.instance, None, 61000)
-    cleanup.own(box.netns)
-    try:
-        with stack.gateway.client() as ctl:
-            guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
-            try:
-                subprocess.run(
-                    ["nsenter", f"--net={ns.path(box.netns)}", "python3", "-c", script],
-                    check=True,
-                )
-            finally:
-                removed = ctl.call("remove_guest", guest=guest["guest"], quiet_since=time.time())
-    finally:
-        box.destroy()
-        cleanup.disown(box.netns)
+    with _box(stack, "burst") as box, stack.gateway.client() as ctl:
+        guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
+        try:
+            subprocess.run(
+                ["nsenter", f"--net={ns.path(box.netns)}", "python3", "-c", script],
+                check=True,
+            )
+        finally:
+            removed = ctl.call("remove_guest", guest=guest["guest"], quiet_since=time.time())
     store = Store(store_path)
     try:
         events = store.events(session=box.session)
