@@ -39,6 +39,7 @@ EXPORTS = {
     "sandgate.net": [
         "compile", "iphead", "iptables", "links", "netlink", "nflog", "nfqueue", "nft", "ns",
         "sockdiag",
+        "lowfd",
         "conntrack",
         "handed",
         "bpf",

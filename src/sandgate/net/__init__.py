@@ -11,6 +11,7 @@ __all__ = [
     "iphead",
     "iptables",
     "links",
+    "lowfd",
     "netlink",
     "nflog",
     "nfqueue",

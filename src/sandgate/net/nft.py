@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandgate.errors import RulesetRejected, SetupError
+from sandgate.net import lowfd
 from sandgate.net.netlink import NFGENMSG, NetfilterSocket, NetlinkParseError, nl_attrs, nl_messages
 from sandgate.net.ns import NsThread
 
@@ -60,6 +61,7 @@ _lib_lock = threading.Lock()
 @functools.cache
 def _libnftables() -> ctypes.CDLL:
     with _lib_lock:
+        lowfd.reserve()  # early: the first context is made while numbers are low
         return _load()
 
 
@@ -68,13 +70,28 @@ class Nft:
 
     def __init__(self) -> None:
         self._lib = _libnftables()
-        self._ctx = self._lib.nft_ctx_new(0)
-        if not self._ctx:
-            raise SetupError("libnftables could not create a context")
+        self._ctx = self._new_context()
         # JSON input is only parsed when JSON output is on (nft 1.0.6).
         self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON | _OUTPUT_HANDLE)
         self._lib.nft_ctx_buffer_output(self._ctx)
         self._lib.nft_ctx_buffer_error(self._ctx)
+
+    def _new_context(self) -> Any:
+        """A context whose socket select() can take (net/lowfd.py): one that landed at 1,024
+        or above is freed before it is used, and made again."""
+        for _ in range(3):
+            with lowfd.below_fd_setsize() as high:
+                ctx = self._lib.nft_ctx_new(0)
+            if not ctx:
+                raise SetupError("libnftables could not create a context")
+            if not high:
+                return ctx
+            self._lib.nft_ctx_free(ctx)
+        raise SetupError(
+            f"no descriptor below {lowfd.FD_SETSIZE} was free for libnftables, which select()s "
+            f"on its socket ({len(lowfd.open_fds())} are open in this process)",
+            "fewer guests on this gateway, or another gateway instance beside it",
+        )
 
     def run(self, command: Json | str) -> Json | None:
         """Run a JSON batch (or a text command); return the JSON output, if any."""
