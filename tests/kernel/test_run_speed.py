@@ -3,7 +3,6 @@ while no commit reached the kernel still shows a change made from outside the ga
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import subprocess
@@ -16,6 +15,7 @@ from sandgate import cleanup
 from sandgate.events.store import Store, home_of
 from sandgate.gateway import integrity
 from sandgate.net import ns
+from sandgate.net.nft import Nft
 from sandgate.sandbox.launch import Sandbox
 from sandgate.session.stack import Stack
 from sandgate.session.timings import Timings
@@ -35,29 +35,34 @@ def _box(stack: Stack, tag: str) -> Iterator[Sandbox]:
         cleanup.disown(box.netns)
 
 
-def test_a_reused_snapshot_still_sees_a_foreign_change(stack: Stack) -> None:
+def test_a_snapshot_lists_nothing_until_another_process_commits(stack: Stack) -> None:
+    """While only the gateway commits, a snapshot needs no listing (it would grow with the
+    guests); another process's commit is shown with what it changed, and the chain as it is."""
     ns = f"--net=/proc/{stack.gateway.pid}/ns/net"
     with stack.gateway.client() as ctl:
         first = ctl.call("snapshot")
-        again = ctl.call("snapshot")  # no commit in between: the listing is reused
-        assert again.pop("reused")
-        first.pop("reused")
-        assert again == first
-        assert again["digest"] == again["expected"]
-        assert not any("192.0.2.77" in line for line in first["ruleset"])
+        assert not first["listed"] and first["ruleset"] == []
+        assert first["digest"] == first["expected"]
         subprocess.run(
             ["nsenter", ns, "nft", "insert", "rule", "inet", "sandgate", "forward",
              "ip", "daddr", "192.0.2.77", "accept"],
             check=True,
         )  # fmt: skip
         changed = ctl.call("snapshot")
-        assert changed["digest"] != changed["expected"]
-        assert any("192.0.2.77" in line for line in changed["ruleset"])
+        assert changed["listed"] and changed["digest"] != changed["expected"]
+        text = "\n".join(changed["ruleset"])
+        assert "committed by nft (pid" in text, text
+        assert "rule in chain inet sandgate forward: added" in text, text
+        assert any("192.0.2.77" in line for line in changed["ruleset"]), text
         ctl.call("check")  # the watchdog's round restores the gateway's own rules
         assert not ctl.call("check")["problems"]
         restored = ctl.call("snapshot")
-        assert restored["digest"] == restored["expected"]
-        assert not any("192.0.2.77" in line for line in restored["ruleset"])
+        assert restored["digest"] == restored["expected"] and restored["ruleset"] == []
+        forward = subprocess.run(
+            ["nsenter", ns, "nft", "list", "chain", "inet", "sandgate", "forward"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "192.0.2.77" not in forward
 
 
 def test_a_harmless_outside_commit_then_a_join_is_no_drift(stack: Stack) -> None:
@@ -96,10 +101,10 @@ def test_timings_cover_the_run_and_the_gateway_steps(sandbox: Runner) -> None:
     assert "sandbox exec" in text and text.splitlines()[-1].startswith("total")
 
 
-def test_a_join_lists_the_rules_ahead_and_the_listing_is_true(stack: Stack) -> None:
-    """After add_guest the gateway lists its rules before it is asked (the runner's drift
-    snapshot comes next): that listing holds the new guest's rules and equals a fresh one."""
-    with _box(stack, "prewarm") as box, stack.gateway.client() as ctl:
+def test_a_join_is_no_drift_and_its_uid_log_is_made_with_it(stack: Stack) -> None:
+    """After add_guest the guest's own uid-log table is there, and a snapshot lists nothing
+    (only the gateway committed); the watchdog, which hashes the rules, agrees."""
+    with _box(stack, "joined") as box, stack.gateway.client() as ctl:
         guest = ctl.call("add_guest", netns=box.netns, session=box.session, mode="open")
         try:
             # Made beside the link, there when the join returns: the guest's uid log.
@@ -109,20 +114,21 @@ def test_a_join_lists_the_rules_ahead_and_the_listing_is_true(stack: Stack) -> N
                 capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
             assert "hook output" in uid_table and "sg:uid" in uid_table, uid_table
-            time.sleep(0.3)  # the listing runs on the gateway's loop right after the reply
-            early = ctl.call("snapshot")  # nothing runs in the guest: no commit since
-            assert early["reused"], "the join's listing was not there for the snapshot"
-            assert any(guest["guest"] in line for line in early["ruleset"])
-            # The rules as they are now, listed from outside (no commit: the state of
-            # the gateway's own bookkeeping stays as it is for the tests after this one).
-            listing = subprocess.run(
-                ["nsenter", f"--net=/proc/{stack.gateway.pid}/ns/net", "nft", "-j", "list",
-                 "ruleset"],
-                capture_output=True, text=True, check=True,
-            ).stdout  # fmt: skip
-            fresh = integrity.ruleset_lines(json.loads(listing)["nftables"])
-            assert fresh == early["ruleset"]
-            assert early["digest"] == early["expected"]
+            snap = ctl.call("snapshot")
+            assert not snap["listed"] and snap["ruleset"] == []
+            assert snap["digest"] == snap["expected"]
+            # Hashed now, from outside too: what the gateway expects is what is there.
+            verified = ctl.call("snapshot", verify=True)
+            def digest_here() -> str:
+                nft = Nft()
+                try:
+                    return integrity.live_digest(nft)
+                finally:
+                    nft.close()
+
+            outside = ns.run_in(f"/proc/{stack.gateway.pid}/ns/net", digest_here)
+            assert verified["listed"] and verified["digest"] == verified["expected"] == outside
+            assert not ctl.call("check")["problems"]
         finally:
             ctl.call("remove_guest", guest=guest["guest"])
 

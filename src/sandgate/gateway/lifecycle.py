@@ -253,10 +253,6 @@ class Lifecycle:
                 },
             )
         )
-        # After the reply is written (it is, before the loop runs this): the drift snapshot
-        # the runner asks for next then finds the rules listed (selfcheck.py). It runs on the
-        # loop and grows with the guests (~200 ms a join at 60); see docs/NOTES.md.
-        asyncio.get_running_loop().call_soon(self.check.prewarm)
         if profile.expose:
             task = asyncio.create_task(self._warn_unexposed(guest))
             self._detaching.add(task)

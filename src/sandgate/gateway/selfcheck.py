@@ -38,11 +38,13 @@ from sandgate.net.compile import (
     pin_elements,
 )
 from sandgate.net.links import Plumber
-from sandgate.net.nft import CommitMonitor, Nft, batch
+from sandgate.net.nft import TOUCHED_MAX, Commit, CommitMonitor, Nft, batch
 from sandgate.net.ns import NsThread
 from sandgate.policy.profile import Profile
 
 T = TypeVar("T")
+_LOST = -2  # the pid of the "commit" that stands for lost notifications
+RULESET_LINES_MAX = 2000  # of a snapshot's answer; the control socket's replies are bounded
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -116,14 +118,10 @@ class SelfCheck:
         # of our own is noted in O(1) (``_stale``: not yet hashed) and the digest is only
         # computed when someone else committed, or when a snapshot asks for it.
         self._monitor: CommitMonitor | None = None
-        self._foreign: list[str] = []  # commits by other processes since the last verified digest
+        self._foreign: list[Commit] = []  # commits by others since the last verified digest
         self._lost = 0
         self._stale = False
         self._kernel_pid = -1
-        # Every commit seen (ours and others'): a snapshot's ruleset is reused while this and
-        # the monitor's overruns stay as they were when it was listed (issue 13).
-        self._commits = 0
-        self._listed: tuple[tuple[int, int], str, list[str]] | None = None
 
     # -- the ruleset ------------------------------------------------------------------------------
 
@@ -140,16 +138,22 @@ class SelfCheck:
     def expected_digest(self) -> str:
         return self._expected
 
-    def snapshot(self) -> dict[str, Any]:
-        """What an agent might change to get online, as the gateway holds it (session drift)."""
+    def snapshot(self, verify: bool = False) -> dict[str, Any]:
+        """What an agent might change to get online, as the gateway holds it (session drift).
+
+        ``ruleset`` is empty while only the gateway has committed to its rules since they were
+        last verified: with the commit monitor that needs no listing, which is what keeps a
+        snapshot flat in the number of guests (at 100 guests the whole listing took ~100 ms on
+        the loop and was more than a control reply may carry, 1 MiB). After another process's
+        commit it holds what that commit changed and the chains it changed, as they are now.
+        ``verify``: hash the rules now whatever the monitor says (``digest`` is then theirs)."""
         gw = self.gw
-        reused = self._reusable()
-        digest, lines = self._ruleset_now()
+        digest, lines, listed = self._ruleset_now(verify)
         return {
             "ruleset": lines,
             "digest": digest,
             "expected": self._expected,
-            "reused": reused,  # the listing was made earlier, with no commit since
+            "listed": listed,  # the rules were listed (hashed) for this answer
             "resolver": {
                 "upstream": list(gw.resolver.upstream.servers),
                 "cut": gw.resolver.cut,
@@ -159,41 +163,43 @@ class SelfCheck:
             "forwarding": gw.plumber.forwarding(),
         }
 
-    def prewarm(self) -> None:
-        """List the rules now, so that the next snapshot finds them listed: called after a
-        guest joined, whose runner asks for its drift snapshot ~10-30 ms later (issue 13).
-        Not while a change of ours is half made (the lock held): such a listing is not kept
-        anyway (a commit follows), and it would only cost time. Runs on the loop, so no one
-        takes the lock meanwhile."""
-        if self._monitor is not None and not self.lock.locked():
-            self._ruleset_now()
-
-    def _reusable(self) -> bool:
+    def _ruleset_now(self, verify: bool = False) -> tuple[str, list[str], bool]:
+        """The digest now, the lines that show a change from outside, and whether the rules
+        were listed. Only our own commits since the last verified digest: the rules are the
+        gateway's by construction (the kernel queues a commit's notification to our socket
+        before the committer's call returns), so nothing is listed. Without the monitor, or
+        after notifications were lost, every line is listed, as nothing can be vouched for."""
         self._drain()
-        key = (self._commits, self._monitor.overruns) if self._monitor is not None else None
-        return key is not None and self._listed is not None and self._listed[0] == key
-
-    def _ruleset_now(self) -> tuple[str, list[str]]:
-        """The digest and lines of the rules as they are now. Listing them costs ~5 ms a
-        snapshot and a session takes two (before, after); with the commit monitor, the last
-        listing is reused when no commit at all (ours or another's) has reached the kernel
-        since: the rules the digest covers change only by a commit, and the kernel queues its
-        notification to our socket before the committer's call returns. Lost notifications
-        (overruns) or no monitor: listed every time."""
-        self._drain()
-        key = (self._commits, self._monitor.overruns) if self._monitor is not None else None
-        if key is not None and self._listed is not None and self._listed[0] == key:
-            _, digest, lines = self._listed
-            if self._stale and not self._foreign:
-                self._expected, self._stale = digest, False
-            return digest, list(lines)
+        if self._monitor is not None and not self._foreign and not verify:
+            return self._expected, [], False
         digest = self._verified_digest()
-        lines = self.ruleset_lines()
-        self._drain()
-        after = (self._commits, self._monitor.overruns) if self._monitor is not None else None
-        # A commit while we listed: the pair may be half old, half new; not kept.
-        self._listed = (key, digest, lines) if key is not None and after == key else None
-        return digest, list(lines)
+        if digest == self._expected:
+            self._foreign.clear()  # it changed nothing the digest covers
+            return digest, [], True
+        if self._monitor is None or self._lost_since_verified():
+            return digest, _capped(self.ruleset_lines()), True
+        return digest, _capped(self._foreign_lines()), True
+
+    def _lost_since_verified(self) -> bool:
+        return any(c.pid == _LOST for c in self._foreign)
+
+    def _foreign_lines(self) -> list[str]:
+        """Each outside commit and what it changed, then every chain it changed as it is now."""
+        lines: list[str] = []
+        chains: dict[str, None] = {}
+        for commit in self._foreign:
+            lines.append(f"# committed by {commit.name or '?'} (pid {commit.pid})")
+            for change in commit.touched:
+                lines.append(f"#   {change}")
+                what, _, _how = change.rpartition(": ")
+                if what.startswith(("rule in chain ", "chain ")):
+                    chains.setdefault(what.removeprefix("rule in "))
+            if len(commit.touched) >= TOUCHED_MAX:
+                lines.append(f"#   (and maybe more: the first {TOUCHED_MAX} changes are named)")
+        for chain in chains:
+            text = self.gw.nft.list_text(f"list {chain}")
+            lines += text.splitlines() if text is not None else [f"# {chain}: gone"]
+        return lines
 
     def watch_commits(self, loop: asyncio.AbstractEventLoop) -> None:
         """From now on, tell our own commits from others' (call after the first ``note()``).
@@ -224,12 +230,11 @@ class SelfCheck:
         if self._monitor is None:
             return
         for commit in self._monitor.read():
-            self._commits += 1
             if not self._ours(commit.pid):
-                self._foreign.append(f"{commit.name or '?'} (pid {commit.pid})")
+                self._foreign.append(commit)
         if self._monitor.overruns != self._lost:
             self._lost = self._monitor.overruns
-            self._foreign.append("(commit notifications lost)")
+            self._foreign.append(Commit(_LOST, "(commit notifications lost)"))
 
     def note(self) -> None:
         """The gateway changed its own rules: this is now what they must look like. With the
@@ -287,9 +292,9 @@ class SelfCheck:
         own is half made meanwhile."""
         return self.lock
 
-    async def snapshot_settled(self) -> dict[str, Any]:
+    async def snapshot_settled(self, verify: bool = False) -> dict[str, Any]:
         async with self.lock:
-            return self.snapshot()
+            return self.snapshot(verify)
 
     # -- probes -----------------------------------------------------------------------------------
 
@@ -433,6 +438,12 @@ class SelfCheck:
         if target:
             loop = asyncio.get_running_loop()
             loop.run_in_executor(None, integrity.alarm, target, payload)
+
+
+def _capped(lines: list[str]) -> list[str]:
+    if len(lines) <= RULESET_LINES_MAX:
+        return lines
+    return [*lines[:RULESET_LINES_MAX], f"# ({len(lines) - RULESET_LINES_MAX} more lines)"]
 
 
 def inject_fault(what: str, guests: Sequence[GuestView], resolver: Resolver, proxy: Proxy) -> None:

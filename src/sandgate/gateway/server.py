@@ -354,7 +354,7 @@ class Gateway:
         return watchdog_status(self.watchdog, self.cfg.watchdog)
 
     async def _snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return await self.check.snapshot_settled()
+        return await self.check.snapshot_settled(verify=bool(msg.get("verify")))
 
     async def _reload(self, msg: dict[str, Any]) -> dict[str, Any]:
         return self.guests_.reload(str(msg["policy"]))

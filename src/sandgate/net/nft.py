@@ -187,10 +187,48 @@ _GEN_PROC_PID, _GEN_PROC_NAME = 2, 3
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """One transaction committed in the namespace: by which task (a thread's id) and name."""
+    """One transaction committed in the namespace: by which task (a thread's id) and name,
+    and the objects it changed ("rule in inet sandgate forward", at most ``TOUCHED_MAX``)."""
 
     pid: int
     name: str
+    touched: tuple[str, ...] = ()
+
+
+# Each change's notification (NFT_MSG_*): what it did, and the attributes naming its table and
+# object (nf_tables.h: every object's table is attribute 1; then its own name's number).
+_CHANGES: dict[int, tuple[str, str, int]] = {
+    0: ("table", "added", 0),
+    2: ("table", "deleted", 0),
+    3: ("chain", "added", 3),
+    5: ("chain", "deleted", 3),
+    6: ("rule in chain", "added", 2),
+    8: ("rule in chain", "deleted", 2),
+    9: ("set", "added", 2),
+    11: ("set", "deleted", 2),
+    12: ("elements of set", "added", 2),
+    14: ("elements of set", "deleted", 2),
+    18: ("object", "added", 2),
+    20: ("object", "deleted", 2),
+    22: ("flowtable", "added", 2),
+    24: ("flowtable", "deleted", 2),
+}
+_FAMILIES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
+TOUCHED_MAX = 32
+
+
+def touched(mtype: int, family: int, attrs: dict[int, bytes]) -> str | None:
+    """One change notification as text ("rule in chain inet sandgate forward: added"), or
+    None for a message that changes nothing (NEWGEN, a GET's answer)."""
+    if mtype >> 8 != 10 or (change := _CHANGES.get(mtype & 0xFF)) is None:
+        return None
+    what, how, name_attr = change
+
+    def text(attr: int) -> str:
+        return attrs.get(attr, b"?").rstrip(b"\0").decode(errors="replace")
+
+    where = f"{_FAMILIES.get(family, str(family))} {text(1)}"
+    return f"{what} {where}{' ' + text(name_attr) if name_attr else ''}: {how}"
 
 
 class CommitMonitor:
@@ -206,6 +244,7 @@ class CommitMonitor:
         # (our own loop) cannot drain. 4 MiB overran now and then, and lost notifications
         # count as another's commit (gateway/selfcheck.py). Memory is taken only as queued.
         self._sock = NetfilterSocket(groups=1 << (NFNLGRP_NFTABLES - 1), rcvbuf=32 << 20)
+        self._changes: dict[str, None] = {}  # the transaction being notified, so far
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -221,12 +260,19 @@ class CommitMonitor:
             try:
                 for mtype, _flags, _seq, start, end in nl_messages(dgram):
                     if mtype != _NEWGEN:
+                        # A transaction's changes come before its NEWGEN, in order.
+                        if len(self._changes) < TOUCHED_MAX:
+                            attrs = nl_attrs(dgram, start + NFGENMSG.size, end)
+                            change = touched(mtype, dgram[start], attrs)
+                            if change is not None:
+                                self._changes.setdefault(change)
                         continue
                     attrs = nl_attrs(dgram, start + NFGENMSG.size, end)
                     raw_pid = attrs.get(_GEN_PROC_PID, b"")
                     pid = int.from_bytes(raw_pid, "big") if len(raw_pid) == 4 else -1
                     name = attrs.get(_GEN_PROC_NAME, b"").rstrip(b"\0").decode(errors="replace")
-                    out.append(Commit(pid, name))
+                    out.append(Commit(pid, name, tuple(self._changes)))
+                    self._changes.clear()
             except NetlinkParseError:
                 out.append(Commit(-1, "(unreadable notification)"))
         return out
