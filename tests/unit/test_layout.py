@@ -35,6 +35,7 @@ EXPORTS = {
         "ca", "chunked", "credentials", "firstflight", "flow", "http1", "httphead", "relay",
         "lookup", "server", "sni", "splice", "tls", "tlsgate", "tlsio",
         "sockmap",
+        "accept",
     ],
     "sandgate.net": [
         "compile", "iphead", "iptables", "links", "netlink", "nflog", "nfqueue", "nft", "ns",

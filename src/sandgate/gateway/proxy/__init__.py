@@ -7,6 +7,7 @@ Never the daemon.
 """
 
 __all__ = [
+    "accept",
     "ca",
     "chunked",
     "credentials",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandgate.gateway.proxy import http1, relay, sni, sockmap
+from sandgate.gateway.proxy.accept import Acceptor
 from sandgate.gateway.proxy.flow import Emit, ProxyGuest, Record, Resolve, judge
 from sandgate.gateway.proxy.tls import Leaves, upstream_context
 from sandgate.gateway.proxy.tlsio import Sessions, Stream, TlsStream
@@ -47,8 +48,9 @@ DIAL_TIMEOUT = 10.0
 @dataclass
 class _Listeners:
     sockets: list[socket.socket] = field(default_factory=list)
-    threads: list[threading.Thread] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
+
+
+Handler = Callable[[socket.socket, tuple[str, int], ProxyGuest], None]
 
 
 class Proxy:
@@ -68,6 +70,7 @@ class Proxy:
         self.upstream_tls = upstream_context(extra_ca)
         self.sessions = Sessions()  # upstream TLS sessions, resumed on the next dial
         self._guests: dict[str, _Listeners] = {}
+        self._acceptor = Acceptor(self._accepted)  # every guest's doors, one thread (accept.py)
         self.cut = False  # the watchdog cut the gateway off: every connection is refused
 
     def ca_cert_pem(self) -> bytes:
@@ -89,68 +92,50 @@ class Proxy:
                 (six, HTTP_PORT, self._transparent_http),
                 (six, TLS_PORT, self._transparent_tls),
             ]
-        for address, port, handler in doors:
-            family = socket.AF_INET6 if ":" in address else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((address, port))
-            sock.listen(256)
-            sock.settimeout(0.5)
-            thread = threading.Thread(
-                target=self._accept_loop,
-                args=(sock, guest, handler, ls.stop),
-                name=f"proxy-{guest.link.ifname}-{port}",
-                daemon=True,
-            )
-            ls.sockets.append(sock)
-            ls.threads.append(thread)
-        for t in ls.threads:
-            t.start()
+        try:
+            for address, port, _handler in doors:
+                family = socket.AF_INET6 if ":" in address else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                ls.sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((address, port))
+                sock.listen(256)
+        except BaseException:
+            for sock in ls.sockets:
+                sock.close()
+            raise
+        for sock, (_address, _port, handler) in zip(ls.sockets, doors, strict=True):
+            self._acceptor.add(sock, (guest, handler))
         self._guests[guest.link.ifname] = ls
 
     def running(self, guest: ProxyGuest) -> bool:
         ls = self._guests.get(guest.link.ifname)
-        return ls is not None and all(t.is_alive() for t in ls.threads)
+        return ls is not None and all(self._acceptor.serves(s) for s in ls.sockets)
 
     def stop_guest(self, guest: ProxyGuest) -> None:
         ls = self._guests.pop(guest.link.ifname, None)
         if ls is None:
             return
-        ls.stop.set()
         for s in ls.sockets:
-            # shutdown wakes a thread blocked in accept(); close alone would not.
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+            self._acceptor.remove(s)
             s.close()
-        for t in ls.threads:
-            t.join(1)
 
     def close(self) -> None:
         self.leaves.close()
 
-    def _accept_loop(
-        self,
-        listener: socket.socket,
-        guest: ProxyGuest,
-        handler: Callable[[socket.socket, tuple[str, int], ProxyGuest], None],
-        stop: threading.Event,
+    def _accepted(
+        self, conn: socket.socket, peer: tuple[str, int], door: tuple[ProxyGuest, Handler]
     ) -> None:
-        while not stop.is_set():
-            try:
-                conn, peer = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(None)
-            _no_delay(conn)
-            threading.Thread(
-                target=self._guarded, args=(handler, conn, peer, guest), daemon=True
-            ).start()
+        guest, handler = door
+        conn.setblocking(True)
+        _no_delay(conn)
+        threading.Thread(
+            target=self._guarded, args=(handler, conn, peer, guest), daemon=True
+        ).start()
 
     def _guarded(
         self,
-        handler: Callable[[socket.socket, tuple[str, int], ProxyGuest], None],
+        handler: Handler,
         conn: socket.socket,
         peer: tuple[str, int],
         guest: ProxyGuest,
