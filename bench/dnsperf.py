@@ -73,13 +73,22 @@ class DnsRun:
     # Time the resolver's loop thread was ready to run but waited for a CPU, per second: what
     # a loaded machine adds to every answer's latency, whatever the resolver does.
     resolver_wait_cores: float = float("nan")
+    # The resolver's event loop thread alone (its main thread; for sandgate the rest is the
+    # store's writer, the process hold, the proxy): what bounds one process's answers.
+    resolver_loop_cores: float = float("nan")
+    resolver_loop_sys_cores: float = float("nan")
     upstream_cores: float = float("nan")
     system_busy_cores: float = float("nan")
     softirq_cores: float = float("nan")
     rcodes: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        # CPU microseconds per answered question: the whole resolver process, its loop thread
+        q = self.qps if self.qps == self.qps and self.qps > 0 else None
+        out["cpu_us_per_query"] = self.resolver_cores / q * 1e6 if q else None
+        out["loop_cpu_us_per_query"] = self.resolver_loop_cores / q * 1e6 if q else None
+        return out
 
 
 def loads(quick: bool) -> list[Load]:
@@ -237,6 +246,8 @@ def _cpu(run: DnsRun, sampler: Sampler, start: float, end: float, gen_cpu: float
     run.resolver_cores = w.get("resolver_cores", float("nan"))
     run.resolver_sys_cores = w.get("resolver_sys_cores", float("nan"))
     run.resolver_wait_cores = w.get("resolver_wait_cores", float("nan"))
+    run.resolver_loop_cores = w.get("resolver_loop_cores", float("nan"))
+    run.resolver_loop_sys_cores = w.get("resolver_loop_sys_cores", float("nan"))
     run.upstream_cores = w.get("upstream_cores", float("nan"))
     run.system_busy_cores = w["system_busy_cores"]
     run.softirq_cores = w["softirq_cores"]
@@ -254,7 +265,23 @@ def _waits(pid: int) -> dict[str, Callable[[], tuple[float, float]]]:
         except (OSError, ValueError, IndexError):
             return 0.0, 0.0
 
-    return {"resolver_wait": read}
+    def loop() -> tuple[float, float]:
+        fields = _task_stat(pid)
+        return (int(fields[11]) / _TCK, int(fields[12]) / _TCK) if fields else (0.0, 0.0)
+
+    return {"resolver_wait": read, "resolver_loop": loop}
+
+
+_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _task_stat(pid: int) -> list[str] | None:
+    """/proc/PID/task/PID/stat after the command name: the main thread's own counters."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _slug(name: str) -> str:

@@ -89,6 +89,8 @@ _ROW = operator.attrgetter(*FIELDS)
 _FIELD_NAMES = frozenset(FIELDS)
 _KIND_AT = FIELDS.index("kind")
 _DETAILS_AT = FIELDS.index("details")
+# json.dumps(details, sort_keys=True), whose keyword makes a new encoder per call: made once.
+_DETAILS_JSON = json.JSONEncoder(sort_keys=True)
 
 
 class FrozenDetails(dict[str, Any]):
@@ -149,7 +151,7 @@ class Event:
         values[_KIND_AT] = str(self.kind)
         details = self.details
         text = details.text if isinstance(details, FrozenDetails) else None
-        values[_DETAILS_AT] = text or (json.dumps(details, sort_keys=True) if details else None)
+        values[_DETAILS_AT] = text or (_DETAILS_JSON.encode(details) if details else None)
         return tuple(values)
 
     @classmethod

@@ -9,6 +9,19 @@ each guest namespace holds the first packet of every new outbound flow in an NFQ
 it go. That costs about 0.3 ms per new flow and attributes every TCP flow whose socket still
 exists when its first packet is sent (always, for a connect).
 
+A flow is looked up once. While its first packet is held, the kernel has not yet confirmed the
+flow's conntrack entry, so every further packet of it is ``NEW`` too and queued behind the
+first: a DNS client asking 200 questions at once from one socket (dnsperf, a resolver library)
+queued up to 2,000 packets here, each a /proc walk of ~0.3 ms, one after another (issue 13:
+seconds of delay at the start of a burst, and the hold's thread taking the GIL from the
+resolver). A packet whose 5-tuple was found within ``RECENT`` is now let go at once without a
+lookup or a report: the first report already told the gateway who sent that flow, and the
+gateway joins every record of a flow with its sender by that same 5-tuple for 30 s
+(logs/attribution.py), so this attributes nothing the join would not. Once confirmed, the flow
+is not ``NEW`` again until its conntrack entry expires (30 s at least), longer than ``RECENT``;
+a new socket that reuses a 5-tuple inside that window meets the old entry and is not queued at
+all, with or without this.
+
 The hold never decides anything: every packet is accepted, a dead reader is bypassed by the
 kernel (``--queue-bypass``, ``fail_open``), and the gateway's rules judge the flow as before.
 One thread per guest owns its queue socket and its ``ProcessFinder`` (neither is thread-safe);
@@ -21,6 +34,7 @@ import contextlib
 import os
 import select
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +47,8 @@ from sandgate.net.nfqueue import NfqueueSocket, QueuedPacket
 
 HOLD_QUEUE = 0  # queue numbers are per namespace: every guest can use the same one
 COPY = 128  # headers are enough: addresses and ports
+RECENT = 1.0  # seconds a found flow's further queued packets go on without a lookup
+_RECENT_MAX = 4096  # flows remembered at most
 
 Report = Callable[[FlowKey, "int | None", "dict[str, Any] | None"], None]
 
@@ -92,6 +108,10 @@ class ProcessHold:
         self._busy = False  # the worker has taken packets off its socket and not let them go
         self._queue: NfqueueSocket | None = None
         self._finder: ProcessFinder | None = None
+        # Flows found lately -> when (monotonic): their further queued packets need no lookup.
+        # Only the worker thread touches it.
+        self._found: OrderedDict[FlowKey, float] = OrderedDict()
+        self.skipped = 0  # packets let go as a flow already found (the worker's count)
 
     def start(self) -> None:
         path = ns.path(self.netns)
@@ -203,13 +223,35 @@ class ProcessHold:
         try:
             proto = proto_name(pkt.proto)
             if proto in ("tcp", "udp") and pkt.sport and pkt.dst and pkt.dport:
+                key: FlowKey = (self.guest, proto, pkt.sport, pkt.dst, pkt.dport)
+                if finder is not None and self._seen(key):
+                    self.skipped += 1
+                    return  # reported when its first packet was found (module docstring)
                 info = None
                 with contextlib.suppress(OSError):
                     if finder is not None:
                         info = finder.find(proto, pkt.sport, pkt.dst, pkt.dport, pkt.src)
                 # Reported before the packet goes on: the gateway's record of it comes after.
-                key: FlowKey = (self.guest, proto, pkt.sport, pkt.dst, pkt.dport)
                 self.report(key, pkt.uid, info.details() if info is not None else None)
+                if info is not None:
+                    self._remember(key)
         finally:
             with contextlib.suppress(OSError):
                 queue.verdict(pkt.id, accept=True)
+
+    def _seen(self, key: FlowKey) -> bool:
+        """``key`` was found within ``RECENT``; forgets what is older."""
+        now = time.monotonic()
+        found = self._found
+        while found:
+            first = next(iter(found))
+            if now - found[first] < RECENT:
+                break
+            del found[first]
+        return key in found
+
+    def _remember(self, key: FlowKey) -> None:
+        self._found[key] = time.monotonic()
+        self._found.move_to_end(key)
+        if len(self._found) > _RECENT_MAX:
+            self._found.popitem(last=False)
