@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import dispatch
 from bench.common import log, median
 from bench.stack import BenchStack, bench_stack
 from sandgate.events.schema import Kind
@@ -166,6 +167,9 @@ def part_guests(bs: BenchStack, quick: bool) -> dict[str, Any]:
     add_ms: list[float] = []
     at: dict[str, dict[str, Any]] = {}
     peer = ping_us(bs.client_ns, PING_TARGET, pings)
+    packets = 10_000 if quick else 30_000
+    peer_cpu_ns = dispatch.guest_cpu_ns(bs.client_ns, PING_TARGET, packets)
+    kinds = dispatch.dispatch(COUNTS, packets)  # verdict map against jump list, apart
     try:
         with bs.stack.gateway.client(timeout=60) as ctl:
             for i in range(1, COUNTS[-1] + 1):
@@ -181,19 +185,22 @@ def part_guests(bs: BenchStack, quick: bool) -> dict[str, Any]:
                 if i in COUNTS:
                     newest = ping_us(name, PING_TARGET, pings)
                     oldest = ping_us(made[0], PING_TARGET, pings)
+                    cpu_ns = dispatch.guest_cpu_ns(name, PING_TARGET, packets)
                     lo = COUNTS[COUNTS.index(i) - 1] if i > 1 else 0
                     at[str(i)] = {
                         "add_guest_ms_p50": round(median(add_ms[lo:i]), 2),
                         "rtt_us_p50": round(median(newest), 1) if newest else None,
                         "rtt_us_p50_oldest": round(median(oldest), 1) if oldest else None,
                         "pings_answered": len(newest),
+                        "packet_cpu_ns": cpu_ns,
                         "daemon": daemon_stats(pid),
                         "nft": _nft_objects(pid),
                     }
                     now = at[str(i)]
                     log(
                         f"guests {i}: add_guest {now['add_guest_ms_p50']} ms, "
-                        f"rtt {now['rtt_us_p50']} µs, rss {now['daemon']['rss_mb']} MB"
+                        f"rtt {now['rtt_us_p50']} µs, {cpu_ns} ns CPU a packet, "
+                        f"rss {now['daemon']['rss_mb']} MB"
                     )
             remove_ms: list[float] = []
             for guest in joined:
@@ -217,7 +224,10 @@ def part_guests(bs: BenchStack, quick: bool) -> dict[str, Any]:
         "daemon_fds": {k: v["daemon"]["fds"] for k, v in at.items()},
         "daemon_threads": {k: v["daemon"]["threads"] for k, v in at.items()},
         "remove_guest_ms_p50": round(median(remove_ms), 2) if remove_ms else None,
+        "packet_cpu_ns": {k: v["packet_cpu_ns"] for k, v in at.items()},
+        "packet_cpu_ns_peer_router": peer_cpu_ns,
         "per_guest_dispatch": "verdict maps fwd/in keyed by iifname (one lookup, not a jump list)",
+        "dispatch_cpu_ns_per_packet": kinds,
         "at": at,
     }
 
@@ -518,18 +528,25 @@ def main_scale(
 def render(r: dict[str, Any]) -> str:
     rows = [
         f"{'guests':>7} {'add_guest ms':>13} {'rtt µs new':>11} {'rtt µs old':>11} "
-        f"{'RSS MB':>7} {'fds':>5} {'thr':>4}"
+        f"{'ns/packet':>10} {'RSS MB':>7} {'fds':>5} {'thr':>4}"
     ]
     for k in r.get("add_guest_ms_p50", {}):
         rows.append(
             f"{k:>7} {r['add_guest_ms_p50'][k]:>13} {r['rtt_us_p50'][k]!s:>11} "
-            f"{r['rtt_us_p50_oldest_guest'][k]!s:>11} {r['daemon_rss_mb'][k]:>7} "
-            f"{r['daemon_fds'][k]:>5} {r['daemon_threads'][k]:>4}"
+            f"{r['rtt_us_p50_oldest_guest'][k]!s:>11} {r['packet_cpu_ns'][k]!s:>10} "
+            f"{r['daemon_rss_mb'][k]:>7} {r['daemon_fds'][k]:>5} {r['daemon_threads'][k]:>4}"
         )
-    rows.append(
-        f"peer router rtt (no sandgate): {r.get('rtt_us_p50_peer_router')} µs; "
-        f"remove_guest p50 {r.get('remove_guest_ms_p50')} ms"
-    )
+    if "add_guest_ms_p50" in r:
+        d = r["dispatch_cpu_ns_per_packet"]
+        rows.append(
+            f"peer router (no sandgate): rtt {r.get('rtt_us_p50_peer_router')} µs, "
+            f"{r.get('packet_cpu_ns_peer_router')} ns/packet; "
+            f"remove_guest p50 {r.get('remove_guest_ms_p50')} ms"
+        )
+        rows.append(
+            f"dispatch, ns/packet (no table {d['none']}): verdict map {d['vmap']}, "
+            f"jump list {d['jumps']}"
+        )
     if "rules_100k_compile_ms" in r:
         rows.append(
             f"100k rules: parse {r['rules_100k_parse_ms']} ms, "
