@@ -281,7 +281,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                 with t.phase("findings (drift snapshot after, writes)"):
                     try:
                         findings = _findings(
-                            stack, box, keep, before, set(box.bound), removal.start
+                            stack, box, keep, before, set(box.bound), removal.start, removal.result
                         )
                     except Exception as exc:  # a finding we cannot make must not keep the box
                         findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
@@ -603,18 +603,25 @@ def _spec(
     )
 
 
-def _snapshot(stack: Stack, box: Sandbox) -> tuple[dict[str, str | None], dict[str, Any]]:
-    """The drift snapshot, and the gateway's own answer (digest, expected digest)."""
+def _snapshot(
+    stack: Stack, box: Sandbox, taken: Callable[[], None] | None = None
+) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """The drift snapshot, and the gateway's own answer (digest, expected digest).
+    ``taken``: called once the gateway has answered, before the sandbox's files are read."""
     with stack.gateway.client() as ctl:
         raw: dict[str, Any] = ctl.call("snapshot")
+    if taken is not None:
+        taken()
     snap = {**drift.gateway_snapshot(raw), **drift.sandbox_snapshot(box.home, box.dir / "etc")}
     return snap, raw
 
 
 class _Removal:
-    """The guest's remove_guest on a thread (issue 13): started beside the file findings once
-    the drift snapshot is taken (it must still see the guest's rules), else after them. The
-    file findings read only the sandbox's disk, nothing the gateway changes."""
+    """The guest's remove_guest on a thread (issue 13), started once the gateway has answered
+    the drift snapshot (a snapshot after the removal would wait for the gateway's lock, held
+    while the guest's rules and link go, and list the rules anew), beside the sandbox's part
+    of the snapshot and the file findings, which read only the sandbox's disk. A restore
+    waits for it: its check would reset the counters the removal reads."""
 
     def __init__(self, stack: Stack, guest: str, quiet_since: float) -> None:
         self.stack, self.guest, self.quiet_since = stack, guest, quiet_since
@@ -654,30 +661,33 @@ def _findings(
     keep: Path,
     before: dict[str, str | None],
     mountpoints: set[str],  # sandbox paths bwrap bound files onto: their mount points are ours
-    snapshot_taken: Callable[[], None] | None = None,
+    gateway_listed: Callable[[], None] | None = None,
+    before_restore: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
     """After the command: drift (restoring a changed gateway), stray writes, privilege attempts.
-    ``snapshot_taken``: called once the gateway is done with (no drift to restore)."""
+    ``gateway_listed``: called once the gateway's part of the drift snapshot is in (the
+    removal starts then); ``before_restore``: waited for before a changed gateway is restored
+    (a restore's check would reset the counters the removal reads)."""
     assert box.space is not None
     out: dict[str, Any] = {}
-    after, raw = _snapshot(stack, box)
+    after, raw = _snapshot(stack, box, gateway_listed)
     result = drift.Drift(items=drift.diff(before, after))
-    with stack.gateway.client() as ctl:
-        if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
-            # Changed from outside the gateway's own bookkeeping: restore and flag it.
-            result.gateway_changed = True
-            if not any(i.what == "gateway ruleset" for i in result.items):
-                note = "(the ruleset differs from the one the gateway set)"
-                result.items.insert(0, drift.DriftItem("gateway ruleset", "changed", note, True))
+    if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
+        # Changed from outside the gateway's own bookkeeping: restore and flag it.
+        result.gateway_changed = True
+        if not any(i.what == "gateway ruleset" for i in result.items):
+            note = "(the ruleset differs from the one the gateway set)"
+            result.items.insert(0, drift.DriftItem("gateway ruleset", "changed", note, True))
+        if before_restore is not None:
+            before_restore()
+        with stack.gateway.client() as ctl:
             first = ctl.call("check")
             second = ctl.call("check")
-            result.gateway_problems = list(first.get("problems", []))
-            result.gateway_restored = not second.get("problems")
-        else:
-            # Other sessions' guests come and go on a shared gateway: not this agent's drift.
-            result.items = [i for i in result.items if i.what != "gateway ruleset"]
-    if snapshot_taken is not None and not result.gateway_changed:
-        snapshot_taken()  # a restore's check would race the removal's counters: not then
+        result.gateway_problems = list(first.get("problems", []))
+        result.gateway_restored = not second.get("problems")
+    else:
+        # Other sessions' guests come and go on a shared gateway: not this agent's drift.
+        result.items = [i for i in result.items if i.what != "gateway ruleset"]
     out["drift"] = result.as_json()
     log = privilege.PRIVILEGE_LOG
     changes = box.space.changes(mountpoints | {log})  # once: it hashes every file it lists
