@@ -8,6 +8,7 @@ it made is removed on the way out: on success, on error, on Ctrl-C and on SIGTER
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -44,6 +45,7 @@ from sandgate.session.stack import Stack, stack_for
 from sandgate.session.timings import Timings
 
 if TYPE_CHECKING:  # QEMU guests' module is imported by the runs that use one (issue 13)
+    from sandgate.gateway.control import ControlClient
     from sandgate.vm.launch import VmOptions
 
 UID_BASE = 61000
@@ -159,6 +161,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     retain: threading.Thread | None = None
+    netns: _Beside | None = None  # the namespace's removal, once the sandbox is gone
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
     if opts.vm is not None:
         from sandgate.vm import launch as vm_launch
@@ -276,13 +279,15 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     cgroup.remove()  # kills what is left of the sandbox's processes, then rmdir
                     cleanup.disown(cgroup.name)
             quiet_since = time.time()  # nothing of the guest's runs any more
+            # Nothing opens the guest's namespace by name now (the gateway's sockets in it
+            # keep it alive until it lets go): its unmount, ~2 ms, goes beside the findings.
+            if box is not None and box.netns:
+                netns = _Beside(functools.partial(_remove_netns, box.netns))
             removal = _Removal(stack, guest["guest"], quiet_since) if guest is not None else None
             if guest is not None and box is not None and removal is not None:
                 with t.phase("findings (drift snapshot after, writes)"):
                     try:
-                        findings = _findings(
-                            stack, box, keep, before, set(box.bound), removal.start, removal.result
-                        )
+                        findings = _findings(stack, box, keep, before, set(box.bound), removal)
                     except Exception as exc:  # a finding we cannot make must not keep the box
                         findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
             if removal is not None:
@@ -292,10 +297,59 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                         counters = removed.get("counters", {})
                         ph.steps = dict(removed.get("timing_ms") or {})
         finally:
-            with t.phase("teardown: netns, dirs"):
-                if box is not None:
-                    box.destroy()
-                    cleanup.disown(box.netns)
+            # The workspace's mount and folders go beside the report (~1-2 ms of unmounts,
+            # mostly the kernel's wait). Leaving with an exception: gone before it goes on.
+            destroying = (
+                _Beside(functools.partial(_destroy, box), netns) if box is not None else None
+            )
+            if destroying is not None and sys.exc_info()[1] is not None:
+                destroying.join(t)
+    try:
+        return _report(
+            stack,
+            opts,
+            t,
+            store,
+            sid,
+            keep,
+            guest,
+            box,
+            cgroup,
+            usage,
+            exit_code,
+            message,
+            counters,
+            findings,
+            started_at,
+            start_details,
+            retain,
+        )
+    finally:
+        if destroying is not None:
+            destroying.join(t)
+
+
+def _report(
+    stack: Stack,
+    opts: RunOptions,
+    t: Timings,
+    store: Store,
+    sid: str,
+    keep: Path,
+    guest: dict[str, Any] | None,
+    box: Sandbox | None,
+    cgroup: limits.Cgroup | None,
+    usage: limits.Usage | None,
+    exit_code: int,
+    message: str | None,
+    counters: dict[str, Any],
+    findings: dict[str, Any],
+    started_at: float | None,
+    start_details: dict[str, Any],
+    retain: threading.Thread | None,
+) -> RunResult:
+    """run_in's end: the session's row, OCSF file and report, once the guest has left the
+    gateway (its namespace and folders may still be going)."""
     if guest is None:
         store.close()
         raise SandgateError(message or "the sandbox could not be started")
@@ -604,54 +658,97 @@ def _spec(
 
 
 def _snapshot(
-    stack: Stack, box: Sandbox, taken: Callable[[], None] | None = None
+    stack: Stack, box: Sandbox, removal: _Removal | None = None
 ) -> tuple[dict[str, str | None], dict[str, Any]]:
     """The drift snapshot, and the gateway's own answer (digest, expected digest).
-    ``taken``: called once the gateway has answered, before the sandbox's files are read."""
-    with stack.gateway.client() as ctl:
-        raw: dict[str, Any] = ctl.call("snapshot")
-    if taken is not None:
-        taken()
+    ``removal``: asked on the same connection, right behind the snapshot."""
+    ctl = stack.gateway.client()
+    try:
+        ctl.send("snapshot")
+        if removal is not None:
+            removal.send_on(ctl)
+        raw: dict[str, Any] = ctl.receive()
+    finally:
+        if removal is None:
+            ctl.close()
     snap = {**drift.gateway_snapshot(raw), **drift.sandbox_snapshot(box.home, box.dir / "etc")}
     return snap, raw
 
 
-class _Removal:
-    """The guest's remove_guest on a thread (issue 13), started once the gateway has answered
-    the drift snapshot (a snapshot after the removal would wait for the gateway's lock, held
-    while the guest's rules and link go, and list the rules anew), beside the sandbox's part
-    of the snapshot and the file findings, which read only the sandbox's disk. A restore
-    waits for it: its check would reset the counters the removal reads."""
+def _remove_netns(name: str) -> None:
+    with contextlib.suppress(Exception):  # Sandbox.destroy tries again, and says why
+        ns.remove(name)
 
-    def __init__(self, stack: Stack, guest: str, quiet_since: float) -> None:
-        self.stack, self.guest, self.quiet_since = stack, guest, quiet_since
-        self._thread: threading.Thread | None = None
-        self._reply: dict[str, Any] | None = None
+
+def _destroy(box: Sandbox) -> None:
+    box.destroy()
+    cleanup.disown(box.netns)
+
+
+class _Beside:
+    """A teardown step on a thread of its own, joined (and its error raised) where it must
+    be done: unmounts and deletions that mostly wait on the kernel (issue 13)."""
+
+    def __init__(self, step: Callable[[], None], after: _Beside | None = None) -> None:
+        self._step, self._after = step, after
         self._error: BaseException | None = None
+        self._joined = False
+        # Not a daemon: an interpreter on its way out waits for it.
+        self._thread = threading.Thread(target=self._run, name="teardown")
+        self._thread.start()
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._call, name="remove-guest", daemon=True)
-            self._thread.start()
-
-    def _call(self) -> None:
+    def _run(self) -> None:
         try:
-            with self.stack.gateway.client() as ctl:
-                self._reply = ctl.call(
-                    "remove_guest", guest=self.guest, quiet_since=self.quiet_since
-                )
-        except SandgateError:
-            pass  # as before: the report says what it has
+            if self._after is not None:
+                self._after._thread.join()
+            self._step()
         except BaseException as exc:  # raised where the caller waits
             self._error = exc
 
-    def result(self) -> dict[str, Any] | None:
-        """The gateway's reply (None: it refused); starts the call if nothing did yet."""
-        self.start()
-        assert self._thread is not None
-        self._thread.join()
+    def join(self, t: Timings | None = None) -> None:
+        if self._joined:
+            return
+        self._joined = True
+        with t.phase("teardown: netns, dirs") if t is not None else contextlib.nullcontext():
+            self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+class _Removal:
+    """The guest's remove_guest (issue 13), asked as soon as the guest's processes are gone:
+    sent right behind the drift snapshot's request on the same connection, so the gateway
+    answers the snapshot first (it must still see the guest's rules, and would otherwise wait
+    for the lock the removal holds while the rules and link go), then leaves the guest while
+    the runner reads the sandbox's disk. No thread: the reply is read when it is needed. A
+    restore waits for it: its check would reset the counters the removal reads."""
+
+    def __init__(self, stack: Stack, guest: str, quiet_since: float) -> None:
+        self.stack, self.guest, self.quiet_since = stack, guest, quiet_since
+        self._ctl: ControlClient | None = None
+        self._done = False
+        self._reply: dict[str, Any] | None = None
+
+    def send_on(self, ctl: ControlClient) -> None:
+        """Ask on ``ctl``, behind what was sent on it already; this takes over ``ctl``."""
+        self._ctl = ctl
+        ctl.send("remove_guest", guest=self.guest, quiet_since=self.quiet_since)
+
+    def result(self) -> dict[str, Any] | None:
+        """The gateway's reply (None: it refused, or went away); asks now if nothing did."""
+        if self._done:
+            return self._reply
+        self._done = True
+        try:
+            if self._ctl is None:
+                self._ctl = self.stack.gateway.client()
+                self._ctl.send("remove_guest", guest=self.guest, quiet_since=self.quiet_since)
+            self._reply = self._ctl.receive()
+        except SandgateError:
+            pass  # as before: the report says what it has
+        finally:
+            if self._ctl is not None:
+                self._ctl.close()
         return self._reply
 
 
@@ -661,16 +758,14 @@ def _findings(
     keep: Path,
     before: dict[str, str | None],
     mountpoints: set[str],  # sandbox paths bwrap bound files onto: their mount points are ours
-    gateway_listed: Callable[[], None] | None = None,
-    before_restore: Callable[[], object] | None = None,
+    removal: _Removal | None = None,
 ) -> dict[str, Any]:
     """After the command: drift (restoring a changed gateway), stray writes, privilege attempts.
-    ``gateway_listed``: called once the gateway's part of the drift snapshot is in (the
-    removal starts then); ``before_restore``: waited for before a changed gateway is restored
-    (a restore's check would reset the counters the removal reads)."""
+    ``removal``: asked right behind the drift snapshot, and waited for before a changed
+    gateway is restored (a restore's check would reset the counters the removal reads)."""
     assert box.space is not None
     out: dict[str, Any] = {}
-    after, raw = _snapshot(stack, box, gateway_listed)
+    after, raw = _snapshot(stack, box, removal)
     result = drift.Drift(items=drift.diff(before, after))
     if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
         # Changed from outside the gateway's own bookkeeping: restore and flag it.
@@ -678,8 +773,8 @@ def _findings(
         if not any(i.what == "gateway ruleset" for i in result.items):
             note = "(the ruleset differs from the one the gateway set)"
             result.items.insert(0, drift.DriftItem("gateway ruleset", "changed", note, True))
-        if before_restore is not None:
-            before_restore()
+        if removal is not None:
+            removal.result()
         with stack.gateway.client() as ctl:
             first = ctl.call("check")
             second = ctl.call("check")
