@@ -54,7 +54,7 @@ from sandgate.net.compile import (
 )
 from sandgate.net.links import Plumber, guest_mac
 from sandgate.net.nflog import NflogSocket
-from sandgate.net.nft import Nft, batch
+from sandgate.net.nft import CounterReader, Nft, batch
 from sandgate.policy.load import BUILTIN, Policy, load_policy
 from sandgate.policy.model import Mode
 from sandgate.policy.profile import Profile
@@ -95,6 +95,7 @@ class Lifecycle:
         # and noted under it, so no digest comparison sees one half made (selfcheck.py).
         self._lock = check.lock
         self._detaching: set[asyncio.Task[None]] = set()
+        self._counter_reader: CounterReader | None = None  # made on the loop's thread
         self.canary_worker: ns.NsThread | None = None
         # Packets of sites deleted since start, per (profile, rule, verdict, reason).
         self.retired: dict[tuple[str, str | None, str, str], int] = {}
@@ -653,7 +654,7 @@ class Lifecycle:
 
     def counters(self, guest: Guest) -> dict[str, dict[str, Any]]:
         """Exact per-site packet counts for one guest (the logs may be rate-limited)."""
-        packets = self._counter_packets()
+        packets = self._guest_packets(guest)
         return {
             site.prefix: {
                 "packets": packets[site.counter],
@@ -664,6 +665,23 @@ class Lifecycle:
             for site in guest.sites.values()
             if packets.get(site.counter)
         }
+
+    def _guest_packets(self, guest: Guest) -> dict[str, int]:
+        """The packets of the guest's own counters, asked for by name (~0.1 ms, where a
+        listing costs 1.2 ms and more with every guest); a listing if that fails. A name
+        is asked in both families: the kernel answers the one that has it."""
+        names = [(f, s.counter) for s in guest.sites.values() for f in ("inet", "netdev")]
+        try:
+            if self._counter_reader is None:
+                self._counter_reader = CounterReader()
+            found = self._counter_reader.packets(TABLE, names)
+        except OSError as exc:
+            sys.stderr.write(f"sandgate gateway: counters by name: {exc}; listing them\n")
+            return self._counter_packets()
+        out: dict[str, int] = {}
+        for (_, name), packets in found.items():
+            out[name] = out.get(name, 0) + packets
+        return out
 
     def _counter_packets(self) -> dict[str, int]:
         """Every named counter of our tables (both families) with its packets. One listing of
