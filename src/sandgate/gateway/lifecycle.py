@@ -675,7 +675,7 @@ class Lifecycle:
             if self._counter_reader is None:
                 self._counter_reader = CounterReader()
             found = self._counter_reader.packets(TABLE, names)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # no answer, a refusal, a malformed answer
             sys.stderr.write(f"sandgate gateway: counters by name: {exc}; listing them\n")
             return self._counter_packets()
         out: dict[str, int] = {}

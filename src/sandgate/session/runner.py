@@ -8,7 +8,6 @@ it made is removed on the way out: on success, on error, on Ctrl-C and on SIGTER
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import secrets
@@ -161,7 +160,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     retain: threading.Thread | None = None
-    netns: _Beside | None = None  # the namespace's removal, once the sandbox is gone
+    destroyed = False  # the sandbox's namespace and folders are gone
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
     if opts.vm is not None:
         from sandgate.vm import launch as vm_launch
@@ -279,10 +278,6 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     cgroup.remove()  # kills what is left of the sandbox's processes, then rmdir
                     cleanup.disown(cgroup.name)
             quiet_since = time.time()  # nothing of the guest's runs any more
-            # Nothing opens the guest's namespace by name now (the gateway's sockets in it
-            # keep it alive until it lets go): its unmount, ~2 ms, goes beside the findings.
-            if box is not None and box.netns:
-                netns = _Beside(functools.partial(_remove_netns, box.netns))
             removal = _Removal(stack, guest["guest"], quiet_since) if guest is not None else None
             if guest is not None and box is not None and removal is not None:
                 with t.phase("findings (drift snapshot after, writes)"):
@@ -290,6 +285,14 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                         findings = _findings(stack, box, keep, before, set(box.bound), removal)
                     except Exception as exc:  # a finding we cannot make must not keep the box
                         findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
+            # The sandbox's disk is read: its namespace and folders go while the gateway
+            # removes the guest (both mostly wait on the kernel; issue 13). The gateway's
+            # sockets in the namespace keep it alive until the gateway lets go of it.
+            with t.phase("teardown: netns, dirs"):
+                if box is not None:
+                    box.destroy()
+                    cleanup.disown(box.netns)
+                    destroyed = True
             if removal is not None:
                 with t.phase("control remove_guest (log settle)") as ph:
                     removed = removal.result()
@@ -297,59 +300,10 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                         counters = removed.get("counters", {})
                         ph.steps = dict(removed.get("timing_ms") or {})
         finally:
-            # The workspace's mount and folders go beside the report (~1-2 ms of unmounts,
-            # mostly the kernel's wait). Leaving with an exception: gone before it goes on.
-            destroying = (
-                _Beside(functools.partial(_destroy, box), netns) if box is not None else None
-            )
-            if destroying is not None and sys.exc_info()[1] is not None:
-                destroying.join(t)
-    try:
-        return _report(
-            stack,
-            opts,
-            t,
-            store,
-            sid,
-            keep,
-            guest,
-            box,
-            cgroup,
-            usage,
-            exit_code,
-            message,
-            counters,
-            findings,
-            started_at,
-            start_details,
-            retain,
-        )
-    finally:
-        if destroying is not None:
-            destroying.join(t)
-
-
-def _report(
-    stack: Stack,
-    opts: RunOptions,
-    t: Timings,
-    store: Store,
-    sid: str,
-    keep: Path,
-    guest: dict[str, Any] | None,
-    box: Sandbox | None,
-    cgroup: limits.Cgroup | None,
-    usage: limits.Usage | None,
-    exit_code: int,
-    message: str | None,
-    counters: dict[str, Any],
-    findings: dict[str, Any],
-    started_at: float | None,
-    start_details: dict[str, Any],
-    retain: threading.Thread | None,
-) -> RunResult:
-    """run_in's end: the session's row, OCSF file and report, once the guest has left the
-    gateway (its namespace and folders may still be going)."""
+            if box is not None and not destroyed:  # on the way out with an error
+                with t.phase("teardown: netns, dirs"):
+                    box.destroy()
+                    cleanup.disown(box.netns)
     if guest is None:
         store.close()
         raise SandgateError(message or "the sandbox could not be started")
@@ -669,50 +623,10 @@ def _snapshot(
             removal.send_on(ctl)
         raw: dict[str, Any] = ctl.receive()
     finally:
-        if removal is None:
+        if removal is None or not removal.owns(ctl):
             ctl.close()
     snap = {**drift.gateway_snapshot(raw), **drift.sandbox_snapshot(box.home, box.dir / "etc")}
     return snap, raw
-
-
-def _remove_netns(name: str) -> None:
-    with contextlib.suppress(Exception):  # Sandbox.destroy tries again, and says why
-        ns.remove(name)
-
-
-def _destroy(box: Sandbox) -> None:
-    box.destroy()
-    cleanup.disown(box.netns)
-
-
-class _Beside:
-    """A teardown step on a thread of its own, joined (and its error raised) where it must
-    be done: unmounts and deletions that mostly wait on the kernel (issue 13)."""
-
-    def __init__(self, step: Callable[[], None], after: _Beside | None = None) -> None:
-        self._step, self._after = step, after
-        self._error: BaseException | None = None
-        self._joined = False
-        # Not a daemon: an interpreter on its way out waits for it.
-        self._thread = threading.Thread(target=self._run, name="teardown")
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            if self._after is not None:
-                self._after._thread.join()
-            self._step()
-        except BaseException as exc:  # raised where the caller waits
-            self._error = exc
-
-    def join(self, t: Timings | None = None) -> None:
-        if self._joined:
-            return
-        self._joined = True
-        with t.phase("teardown: netns, dirs") if t is not None else contextlib.nullcontext():
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 class _Removal:
@@ -733,6 +647,9 @@ class _Removal:
         """Ask on ``ctl``, behind what was sent on it already; this takes over ``ctl``."""
         self._ctl = ctl
         ctl.send("remove_guest", guest=self.guest, quiet_since=self.quiet_since)
+
+    def owns(self, ctl: ControlClient) -> bool:
+        return self._ctl is ctl
 
     def result(self) -> dict[str, Any] | None:
         """The gateway's reply (None: it refused, or went away); asks now if nothing did."""
