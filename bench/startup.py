@@ -42,6 +42,7 @@ TARGETS: list[tuple[Any, str, str]] = [
     (Sandbox, "create", "netns + dirs (Sandbox.create)"),
     (ControlClient, "__init__", "control connect"),
     (ControlClient, "call", "control {op}"),
+    (runner._Removal, "result", "control remove_guest"),  # sent behind the drift snapshot
     (Store, "session_start", "session row"),
     (Sandbox, "etc_files", "sandbox files"),
     (Sandbox, "copy_in", "sandbox files"),

@@ -191,6 +191,58 @@ def test_every_drop_right_before_leaving_is_logged_and_counted(
     assert removed["flushed"], f"the barrier was not met, the settle waited: {removed}"
 
 
+def test_a_connection_as_the_commands_last_act_is_in_the_report_and_then_nothing_stays(
+    sandbox: Runner, stack: Stack
+) -> None:
+    """remove_guest answers once the guest's counters and events are in, and undoes its
+    rules, services and link after the reply; the runner asks for it right behind the drift
+    snapshot. The flows the command made as its very last act (a SYN and a datagram, then
+    ``os._exit``) must still be in the report, counted, and in the store; and what the
+    removal undoes after its reply must be gone soon after: rules, link, slot."""
+    script = (
+        "import os, socket\n"
+        "t = socket.socket(); t.setblocking(False)\n"
+        "t.connect_ex(('10.77.0.20', 22))\n"  # the SYN leaves inside connect
+        "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "u.sendto(b'x', ('10.77.0.20', 5353))\n"
+        "os._exit(0)\n"
+    )
+    r = sandbox("python3", "-c", script, mode="open")
+    assert r.exit_code == 0, r.message
+    events = sandbox.events(r)
+    ssh = [e for e in conns(events, "10.77.0.20", 22) if e.verdict != "allow"]
+    udp = [e for e in conns(events, "10.77.0.20", 5353) if e.verdict != "allow"]
+    assert sum(e.count for e in ssh) == 1 and sum(e.count for e in udp) == 1, events
+    denied = [c for c in r.report.counters.values() if c["verdict"] != "allow"]
+    assert sum(int(c["packets"]) for c in denied) == 2, r.report.counters
+    seen = {(d.dst, d.port) for d in r.report.destinations if d.verdict != "allow"}
+    assert {("10.77.0.20", 22), ("10.77.0.20", 5353)} <= seen, r.report.destinations
+    store = Store(sandbox.store_path)
+    try:
+        row = store.session(r.session)
+    finally:
+        store.close()
+    assert row is not None and row.guest
+    guest = row.guest
+    gw = f"--net=/proc/{stack.gateway.pid}/ns/net"
+    with stack.gateway.client() as ctl:
+        assert guest not in ctl.call("status")["guests"]
+    deadline = time.monotonic() + 10  # a bound, not a speed: the undoing runs after the reply
+    while True:
+        rules = subprocess.run(
+            ["nsenter", gw, "nft", "list", "ruleset"], capture_output=True, text=True, check=True
+        ).stdout
+        links = subprocess.run(
+            ["nsenter", gw, "ip", "-o", "link"], capture_output=True, text=True, check=True
+        ).stdout
+        left = [w for w in (f"fwd_{guest}", f"in_{guest}", f"ing_{guest}") if w in rules]
+        left += [f"link {guest}"] if f" {guest}@" in links or f" {guest}:" in links else []
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"the removed guest's {left} stayed"
+
+
 def test_retention_runs_beside_the_command_and_is_done_when_the_run_returns(
     sandbox: Runner,
 ) -> None:

@@ -103,8 +103,20 @@ class ControlClient:
         self._file = self._sock.makefile("rb")
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
+        self.send(op, **args)
+        return self.receive()
+
+    def send(self, op: str, **args: Any) -> None:
+        """A request whose reply ``receive`` reads later: the daemon answers a connection's
+        requests one by one, in the order sent, so several may be sent ahead."""
         try:
             self._sock.sendall(encode({"op": op, **args}))
+        except OSError as exc:
+            raise GatewayError(f"the gateway stopped answering ({exc})") from exc
+
+    def receive(self) -> dict[str, Any]:
+        """The reply to the oldest request sent and not yet answered."""
+        try:
             line = self._file.readline(MAX_LINE)
         except OSError as exc:
             raise GatewayError(f"the gateway stopped answering ({exc})") from exc

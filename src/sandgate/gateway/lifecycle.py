@@ -54,7 +54,7 @@ from sandgate.net.compile import (
 )
 from sandgate.net.links import Plumber, guest_mac
 from sandgate.net.nflog import NflogSocket
-from sandgate.net.nft import Nft, batch
+from sandgate.net.nft import CounterReader, Nft, batch
 from sandgate.policy.load import BUILTIN, Policy, load_policy
 from sandgate.policy.model import Mode
 from sandgate.policy.profile import Profile
@@ -95,6 +95,7 @@ class Lifecycle:
         # and noted under it, so no digest comparison sees one half made (selfcheck.py).
         self._lock = check.lock
         self._detaching: set[asyncio.Task[None]] = set()
+        self._counter_reader: CounterReader | None = None  # made on the loop's thread
         self.canary_worker: ns.NsThread | None = None
         # Packets of sites deleted since start, per (profile, rule, verdict, reason).
         self.retired: dict[tuple[str, str | None, str, str], int] = {}
@@ -570,38 +571,12 @@ class Lifecycle:
         counters = self.counters(guest)
         t.mark("counters")
         self._retire(guest.profile.name, counters)
-        async with self._lock:
-            self.check.before_change()
-            loop = asyncio.get_running_loop()
-            if guest.uidlog is not None:
-                loop.remove_reader(guest.uidlog.fileno())
-                guest.uidlog.close()
-            if guest.hold is not None and flushed:
-                guest.hold.stop(wait=False)  # the barrier saw every held packet go on
-            elif guest.hold is not None:
-                await loop.run_in_executor(None, guest.hold.stop)
-            t.mark("hold")
-            await self.resolver.stop_guest(guest.dns)
-            t.mark("resolver")
-            if guest.proxy is not None:
-                await loop.run_in_executor(None, self.proxy.stop_guest, guest.proxy)
-            await loop.run_in_executor(None, self.hostlo.stop_guest, guest.link)
-            t.mark("proxy")
-            with contextlib.suppress(SandgateError):
-                self.nft.run(batch(*guest_remove(guest.link, guest.sites.values(), guest.profile)))
-            t.mark("rules")
-            self._forget_inspected(guest.link.ifname)
-            self.table.pop(name)
-            registry.forget(self.cfg.run_dir, name)
-            self.check.note()
-            t.mark("note")
-        # Deleting a veth waits out an RCU grace period (~20 ms). The guest's rules are gone
-        # (its traffic meets the default drop), so the link goes after the reply; its slot stays
-        # taken until then.
-        self.table.draining.add(name)
-        task = asyncio.create_task(self._detach(guest))
-        self._detaching.add(task)
-        task.add_done_callback(self._detaching.discard)
+        # From here the guest is gone for everyone who asks (status, site totals, a second
+        # remove, the pool's free slots); its kernel objects and services follow after the
+        # reply (``_leave``): the report needs its counters and events, not their undoing.
+        self.table.draining.add(name)  # its slot stays taken until the link is deleted
+        self.table.pop(name)
+        registry.forget(self.cfg.run_dir, name)
         self.sink.emit(
             Event(
                 kind=Kind.GUEST,
@@ -612,7 +587,44 @@ class Lifecycle:
         )
         self.sink.flush()
         t.mark("events")
+        task = asyncio.create_task(self._leave(guest, flushed))
+        self._detaching.add(task)
+        task.add_done_callback(self._detaching.discard)
         return {"guest": name, "counters": counters, "flushed": flushed, "timing_ms": t.ms}
+
+    async def _leave(self, guest: Guest, flushed: bool) -> None:
+        """What remove_guest undoes after its reply: the guest's logs, hold, resolver, proxy
+        and rules, then its link. Its processes are gone and its counters read; until its
+        rules go, what might still come from its address meets them as before (issue 13:
+        ~3 ms a removal off the runner's wait, 2026-12-01)."""
+        name = guest.link.ifname
+        try:
+            async with self._lock:
+                self.check.before_change()
+                loop = asyncio.get_running_loop()
+                if guest.uidlog is not None:
+                    loop.remove_reader(guest.uidlog.fileno())
+                    guest.uidlog.close()
+                if guest.hold is not None and flushed:
+                    guest.hold.stop(wait=False)  # the barrier saw every held packet go on
+                elif guest.hold is not None:
+                    await loop.run_in_executor(None, guest.hold.stop)
+                await self.resolver.stop_guest(guest.dns)
+                if guest.proxy is not None:
+                    await loop.run_in_executor(None, self.proxy.stop_guest, guest.proxy)
+                await loop.run_in_executor(None, self.hostlo.stop_guest, guest.link)
+                with contextlib.suppress(SandgateError):
+                    self.nft.run(
+                        batch(*guest_remove(guest.link, guest.sites.values(), guest.profile))
+                    )
+                self._forget_inspected(name)
+                self.check.note()
+        except Exception as exc:  # said, never raised into nothing: the link still goes
+            sys.stderr.write(f"sandgate gateway: removing {name}: {exc!r}\n")
+        # Deleting a veth waits out an RCU grace period (~20 ms). The guest's rules are gone
+        # (its traffic meets the default drop), so the link goes after the reply; its slot stays
+        # taken until then.
+        await self._detach(guest)
 
     async def _detach(self, guest: Guest) -> None:
         try:
@@ -638,7 +650,7 @@ class Lifecycle:
 
     def counters(self, guest: Guest) -> dict[str, dict[str, Any]]:
         """Exact per-site packet counts for one guest (the logs may be rate-limited)."""
-        packets = self._counter_packets()
+        packets = self._guest_packets(guest)
         return {
             site.prefix: {
                 "packets": packets[site.counter],
@@ -650,18 +662,36 @@ class Lifecycle:
             if packets.get(site.counter)
         }
 
-    def _counter_packets(self) -> dict[str, int]:
-        """Every named counter of our tables (both families) with its packets."""
+    def _guest_packets(self, guest: Guest) -> dict[str, int]:
+        """The packets of the guest's own counters, asked for by name (~0.1 ms, where a
+        listing costs 1.2 ms and more with every guest); a listing if that fails. A name
+        is asked in both families: the kernel answers the one that has it."""
+        names = [(f, s.counter) for s in guest.sites.values() for f in ("inet", "netdev")]
+        try:
+            if self._counter_reader is None:
+                self._counter_reader = CounterReader()
+            found = self._counter_reader.packets(TABLE, names)
+        except (OSError, ValueError) as exc:  # no answer, a refusal, a malformed answer
+            sys.stderr.write(f"sandgate gateway: counters by name: {exc}; listing them\n")
+            return self._counter_packets()
         out: dict[str, int] = {}
-        for family in ("inet", "netdev"):
-            try:
-                listing = self.nft.run({"nftables": [{"list": {"counters": {"family": family}}}]})
-            except SandgateError:
-                continue
-            for item in (listing or {}).get("nftables", []):
-                c = item.get("counter")
-                if c and c.get("table") == TABLE:
-                    out[c["name"]] = int(c.get("packets") or 0)
+        for (_, name), packets in found.items():
+            out[name] = out.get(name, 0) + packets
+        return out
+
+    def _counter_packets(self) -> dict[str, int]:
+        """Every named counter of our tables (both families) with its packets. One listing of
+        every family: a listing per family cost 2.2-4.3 ms against 1.2 (each fetches the
+        kernel's tables and objects anew; 2026-12-01)."""
+        out: dict[str, int] = {}
+        try:
+            listing = self.nft.run({"nftables": [{"list": {"counters": {}}}]})
+        except SandgateError:
+            return out
+        for item in (listing or {}).get("nftables", []):
+            c = item.get("counter")
+            if c and c.get("table") == TABLE and c.get("family") in ("inet", "netdev"):
+                out[c["name"]] = int(c.get("packets") or 0)
         return out
 
     def _retire(self, profile: str, counters: dict[str, dict[str, Any]]) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "NetlinkError",
     "NetlinkParseError",
     "nl_attrs",
+    "nl_error_code",
     "nl_messages",
     "pack_attr",
     "pack_nfmsg",
@@ -250,6 +251,18 @@ class NetfilterSocket:
                     raise NetlinkError(-code, f"netlink request {mtype:#x}: {os.strerror(-code)}")
                 else:
                     return
+
+    def send(self, data: bytes) -> None:
+        """Requests (one or more messages) whose answers ``recv_datagrams`` reads."""
+        self._sock.send(data)
+
+    def wait(self, timeout: float) -> bool:
+        """Whether something is queued to read within ``timeout`` seconds."""
+        if self._pending:
+            return True
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        return bool(poller.poll(int(timeout * 1000) + 1 if timeout > 0 else 0))
 
     def _recv_some(self, limit: int = 1 << 30) -> Iterator[bytes]:
         for _ in range(limit):

@@ -12,15 +12,30 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import json
+import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from sandgate.errors import RulesetRejected, SetupError
 from sandgate.net import lowfd
-from sandgate.net.netlink import NFGENMSG, NetfilterSocket, NetlinkParseError, nl_attrs, nl_messages
+from sandgate.net.netlink import (
+    NFGENMSG,
+    NLM_F_REQUEST,
+    NLMSG_ERROR,
+    NetfilterSocket,
+    NetlinkError,
+    NetlinkParseError,
+    nl_attrs,
+    nl_error_code,
+    nl_messages,
+    pack_attr,
+    pack_nfmsg,
+)
 from sandgate.net.ns import NsThread
 
 _OUTPUT_STATELESS = 1 << 2
@@ -275,6 +290,111 @@ class CommitMonitor:
                     self._changes.clear()
             except NetlinkParseError:
                 out.append(Commit(-1, "(unreadable notification)"))
+        return out
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+# Named counters read straight from the kernel (include/uapi/linux/netfilter/nf_tables.h):
+# one NFT_MSG_GETOBJ per name, all in one datagram; each is answered by NFT_MSG_NEWOBJ or an
+# error. libnftables fetches its whole cache (tables, sets, objects) for any listing: 1.2 ms
+# at one guest and growing with every guest, where a guest's few names cost ~0.1 ms here.
+_GETOBJ = (10 << 8) | 19  # NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ
+_NEWOBJ = (10 << 8) | 18
+_OBJ_TABLE, _OBJ_NAME, _OBJ_TYPE, _OBJ_DATA = 1, 2, 3, 4
+_OBJECT_COUNTER = 1
+_COUNTER_BYTES, _COUNTER_PACKETS = 1, 2
+FAMILIES = {"inet": 1, "netdev": 5}  # NFPROTO_*
+_FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
+
+
+def pack_counter_gets(table: str, names: list[tuple[str, str]], first_seq: int) -> bytes:
+    """One GETOBJ request per (family, counter name), with sequence numbers from
+    ``first_seq`` on, as one buffer."""
+    out = []
+    for i, (family, name) in enumerate(names):
+        attrs = (
+            pack_attr(_OBJ_TABLE, table.encode() + b"\0")
+            + pack_attr(_OBJ_NAME, name.encode() + b"\0")
+            + pack_attr(_OBJ_TYPE, _OBJECT_COUNTER.to_bytes(4, "big"))
+        )
+        fam = FAMILIES[family]
+        out.append(
+            pack_nfmsg(_GETOBJ, NLM_F_REQUEST, first_seq + i, family=fam, res_id=0, attrs=attrs)
+        )
+    return b"".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterReply:
+    """One request's answer: a counter's packets and bytes, or the kernel's error code."""
+
+    seq: int
+    family: str | None = None
+    name: str | None = None
+    packets: int = 0
+    bytes: int = 0
+    error: int = 0  # a negative errno (-ENOENT: no such counter)
+
+
+def parse_counter_replies(dgram: bytes) -> list[CounterReply]:
+    """The answers in one datagram; raises ``NetlinkParseError`` on malformed netlink."""
+    out: list[CounterReply] = []
+    for mtype, _flags, seq, start, end in nl_messages(dgram):
+        if mtype == NLMSG_ERROR:
+            out.append(CounterReply(seq, error=nl_error_code(dgram, start, end)))
+            continue
+        if mtype != _NEWOBJ or end - start < NFGENMSG.size:
+            continue
+        family = _FAMILY_NAMES.get(dgram[start])
+        attrs = nl_attrs(dgram, start + NFGENMSG.size, end)
+        data = attrs.get(_OBJ_DATA, b"")
+        inner = nl_attrs(data, 0, len(data))
+        out.append(
+            CounterReply(
+                seq,
+                family,
+                attrs.get(_OBJ_NAME, b"").rstrip(b"\0").decode(errors="replace"),
+                int.from_bytes(inner.get(_COUNTER_PACKETS, b""), "big"),
+                int.from_bytes(inner.get(_COUNTER_BYTES, b""), "big"),
+            )
+        )
+    return out
+
+
+class CounterReader:
+    """Named counters of one table, read by name (the calling thread's namespace)."""
+
+    def __init__(self) -> None:
+        self._sock = NetfilterSocket(rcvbuf=1 << 20)
+        self._seq = 1
+
+    def packets(
+        self, table: str, names: list[tuple[str, str]], timeout: float = 1.0
+    ) -> dict[tuple[str, str], int]:
+        """Packets per (family, name) asked; a name the kernel does not have is left out.
+        Raises ``OSError`` (``NetlinkError``: no answer in ``timeout``) so the caller can
+        fall back to a listing."""
+        if not names:
+            return {}
+        first, self._seq = self._seq, self._seq + len(names)
+        waiting = set(range(first, first + len(names)))
+        self._sock.send(pack_counter_gets(table, names, first))
+        out: dict[tuple[str, str], int] = {}
+        deadline = time.monotonic() + timeout
+        while waiting:
+            if not self._sock.wait(deadline - time.monotonic()):
+                raise NetlinkError(errno.ETIMEDOUT, f"{len(waiting)} counter(s) not answered")
+            for dgram in self._sock.recv_datagrams():
+                for reply in parse_counter_replies(dgram):
+                    if reply.seq not in waiting:
+                        continue  # an answer to an earlier call that gave up
+                    waiting.discard(reply.seq)
+                    if reply.error == 0:
+                        out[names[reply.seq - first]] = reply.packets
+                    elif reply.error != -errno.ENOENT:
+                        raise NetlinkError(-reply.error, os.strerror(-reply.error))
         return out
 
     def close(self) -> None:

@@ -98,9 +98,12 @@ def summarize(
         got = [int(r[key]) for r in comps if isinstance(r.get(key), int | float)]
         return sum(got) if got else None
 
-    import statistics  # here: ~8 ms to import, and a run without a test world never asks
-
     firsts = [float(r["first_token_ms"]) for r in streamed if r.get("first_token_ms") is not None]
+    first_ms = None
+    if firsts:  # ~3-8 ms to import: only a session that streamed from the model pays it
+        import statistics
+
+        first_ms = round(statistics.median(firsts), 2)
     gaps = [float(g) for r in streamed for g in r.get("gaps_ms") or ()]
     return ModelUse(
         requests=len(mine),
@@ -108,7 +111,7 @@ def summarize(
         streamed=len(streamed),
         tokens_in=total("prompt_tokens"),
         tokens_out=total("completion_tokens"),
-        first_token_ms=round(statistics.median(firsts), 2) if firsts else None,
+        first_token_ms=first_ms,
         first_token_max_ms=max(firsts) if firsts else None,
         p99_gap_ms=_p99(gaps),
         max_gap_ms=max(gaps) if gaps else None,

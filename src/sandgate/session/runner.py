@@ -44,6 +44,7 @@ from sandgate.session.stack import Stack, stack_for
 from sandgate.session.timings import Timings
 
 if TYPE_CHECKING:  # QEMU guests' module is imported by the runs that use one (issue 13)
+    from sandgate.gateway.control import ControlClient
     from sandgate.vm.launch import VmOptions
 
 UID_BASE = 61000
@@ -159,6 +160,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     retain: threading.Thread | None = None
+    destroyed = False  # the sandbox's namespace and folders are gone
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
     if opts.vm is not None:
         from sandgate.vm import launch as vm_launch
@@ -280,11 +282,17 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             if guest is not None and box is not None and removal is not None:
                 with t.phase("findings (drift snapshot after, writes)"):
                     try:
-                        findings = _findings(
-                            stack, box, keep, before, set(box.bound), removal.start
-                        )
+                        findings = _findings(stack, box, keep, before, set(box.bound), removal)
                     except Exception as exc:  # a finding we cannot make must not keep the box
                         findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
+            # The sandbox's disk is read: its namespace and folders go while the gateway
+            # removes the guest (both mostly wait on the kernel; issue 13). The gateway's
+            # sockets in the namespace keep it alive until the gateway lets go of it.
+            with t.phase("teardown: netns, dirs"):
+                if box is not None:
+                    box.destroy()
+                    cleanup.disown(box.netns)
+                    destroyed = True
             if removal is not None:
                 with t.phase("control remove_guest (log settle)") as ph:
                     removed = removal.result()
@@ -292,8 +300,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                         counters = removed.get("counters", {})
                         ph.steps = dict(removed.get("timing_ms") or {})
         finally:
-            with t.phase("teardown: netns, dirs"):
-                if box is not None:
+            if box is not None and not destroyed:  # on the way out with an error
+                with t.phase("teardown: netns, dirs"):
                     box.destroy()
                     cleanup.disown(box.netns)
     if guest is None:
@@ -603,48 +611,61 @@ def _spec(
     )
 
 
-def _snapshot(stack: Stack, box: Sandbox) -> tuple[dict[str, str | None], dict[str, Any]]:
-    """The drift snapshot, and the gateway's own answer (digest, expected digest)."""
-    with stack.gateway.client() as ctl:
-        raw: dict[str, Any] = ctl.call("snapshot")
+def _snapshot(
+    stack: Stack, box: Sandbox, removal: _Removal | None = None
+) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """The drift snapshot, and the gateway's own answer (digest, expected digest).
+    ``removal``: asked on the same connection, right behind the snapshot."""
+    ctl = stack.gateway.client()
+    try:
+        ctl.send("snapshot")
+        if removal is not None:
+            removal.send_on(ctl)
+        raw: dict[str, Any] = ctl.receive()
+    finally:
+        if removal is None or not removal.owns(ctl):
+            ctl.close()
     snap = {**drift.gateway_snapshot(raw), **drift.sandbox_snapshot(box.home, box.dir / "etc")}
     return snap, raw
 
 
 class _Removal:
-    """The guest's remove_guest on a thread (issue 13): started beside the file findings once
-    the drift snapshot is taken (it must still see the guest's rules), else after them. The
-    file findings read only the sandbox's disk, nothing the gateway changes."""
+    """The guest's remove_guest (issue 13), asked as soon as the guest's processes are gone:
+    sent right behind the drift snapshot's request on the same connection, so the gateway
+    answers the snapshot first (it must still see the guest's rules, and would otherwise wait
+    for the lock the removal holds while the rules and link go), then leaves the guest while
+    the runner reads the sandbox's disk. No thread: the reply is read when it is needed. A
+    restore waits for it: its check would reset the counters the removal reads."""
 
     def __init__(self, stack: Stack, guest: str, quiet_since: float) -> None:
         self.stack, self.guest, self.quiet_since = stack, guest, quiet_since
-        self._thread: threading.Thread | None = None
+        self._ctl: ControlClient | None = None
+        self._done = False
         self._reply: dict[str, Any] | None = None
-        self._error: BaseException | None = None
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._call, name="remove-guest", daemon=True)
-            self._thread.start()
+    def send_on(self, ctl: ControlClient) -> None:
+        """Ask on ``ctl``, behind what was sent on it already; this takes over ``ctl``."""
+        self._ctl = ctl
+        ctl.send("remove_guest", guest=self.guest, quiet_since=self.quiet_since)
 
-    def _call(self) -> None:
-        try:
-            with self.stack.gateway.client() as ctl:
-                self._reply = ctl.call(
-                    "remove_guest", guest=self.guest, quiet_since=self.quiet_since
-                )
-        except SandgateError:
-            pass  # as before: the report says what it has
-        except BaseException as exc:  # raised where the caller waits
-            self._error = exc
+    def owns(self, ctl: ControlClient) -> bool:
+        return self._ctl is ctl
 
     def result(self) -> dict[str, Any] | None:
-        """The gateway's reply (None: it refused); starts the call if nothing did yet."""
-        self.start()
-        assert self._thread is not None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        """The gateway's reply (None: it refused, or went away); asks now if nothing did."""
+        if self._done:
+            return self._reply
+        self._done = True
+        try:
+            if self._ctl is None:
+                self._ctl = self.stack.gateway.client()
+                self._ctl.send("remove_guest", guest=self.guest, quiet_since=self.quiet_since)
+            self._reply = self._ctl.receive()
+        except SandgateError:
+            pass  # as before: the report says what it has
+        finally:
+            if self._ctl is not None:
+                self._ctl.close()
         return self._reply
 
 
@@ -654,30 +675,31 @@ def _findings(
     keep: Path,
     before: dict[str, str | None],
     mountpoints: set[str],  # sandbox paths bwrap bound files onto: their mount points are ours
-    snapshot_taken: Callable[[], None] | None = None,
+    removal: _Removal | None = None,
 ) -> dict[str, Any]:
     """After the command: drift (restoring a changed gateway), stray writes, privilege attempts.
-    ``snapshot_taken``: called once the gateway is done with (no drift to restore)."""
+    ``removal``: asked right behind the drift snapshot, and waited for before a changed
+    gateway is restored (a restore's check would reset the counters the removal reads)."""
     assert box.space is not None
     out: dict[str, Any] = {}
-    after, raw = _snapshot(stack, box)
+    after, raw = _snapshot(stack, box, removal)
     result = drift.Drift(items=drift.diff(before, after))
-    with stack.gateway.client() as ctl:
-        if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
-            # Changed from outside the gateway's own bookkeeping: restore and flag it.
-            result.gateway_changed = True
-            if not any(i.what == "gateway ruleset" for i in result.items):
-                note = "(the ruleset differs from the one the gateway set)"
-                result.items.insert(0, drift.DriftItem("gateway ruleset", "changed", note, True))
+    if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
+        # Changed from outside the gateway's own bookkeeping: restore and flag it.
+        result.gateway_changed = True
+        if not any(i.what == "gateway ruleset" for i in result.items):
+            note = "(the ruleset differs from the one the gateway set)"
+            result.items.insert(0, drift.DriftItem("gateway ruleset", "changed", note, True))
+        if removal is not None:
+            removal.result()
+        with stack.gateway.client() as ctl:
             first = ctl.call("check")
             second = ctl.call("check")
-            result.gateway_problems = list(first.get("problems", []))
-            result.gateway_restored = not second.get("problems")
-        else:
-            # Other sessions' guests come and go on a shared gateway: not this agent's drift.
-            result.items = [i for i in result.items if i.what != "gateway ruleset"]
-    if snapshot_taken is not None and not result.gateway_changed:
-        snapshot_taken()  # a restore's check would race the removal's counters: not then
+        result.gateway_problems = list(first.get("problems", []))
+        result.gateway_restored = not second.get("problems")
+    else:
+        # Other sessions' guests come and go on a shared gateway: not this agent's drift.
+        result.items = [i for i in result.items if i.what != "gateway ruleset"]
     out["drift"] = result.as_json()
     log = privilege.PRIVILEGE_LOG
     changes = box.space.changes(mountpoints | {log})  # once: it hashes every file it lists
