@@ -135,9 +135,12 @@ class Sandbox:
         workdir: Path | None,
         uid: int,
         files: WorkspaceSpec | None = None,
+        netns: str | None = None,
     ) -> Sandbox:
+        """``netns``: a namespace the gateway made ready (its warm pool), taken over: this
+        sandbox removes it at the end as one of its own."""
         box = cls(session, instance)
-        box.netns = f"sg-{instance}-s{secrets.token_hex(3)}"
+        box.netns = netns or f"sg-{instance}-s{secrets.token_hex(3)}"
         box.dir = SESSIONS_ROOT / session
         try:
             if workdir is not None:
@@ -147,7 +150,8 @@ class Sandbox:
             box.space = Workspace(box.dir, uid, files or WorkspaceSpec())
             cleanup.own(f"mount-{session}")
             box.space.create(workdir)
-            ns.create(box.netns)
+            if netns is None:
+                ns.create(box.netns)
         except BaseException:
             box.destroy()
             raise
