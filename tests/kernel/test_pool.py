@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from sandgate import cleanup
+from sandgate.events.schema import Kind
 from sandgate.gateway import pool
 from sandgate.net import ns
 from sandgate.net.nft import Nft
 from sandgate.session.stack import Stack, bring_up
 
-from .conftest import Runner, http
+from .conftest import Runner, dns, http
 
 
 def _warm(stack: Stack) -> dict[str, Any]:
@@ -171,3 +172,33 @@ def test_sweep_removes_only_what_the_pool_wrote_down(tmp_path: Path) -> None:
     finally:
         ns.remove(recorded)
         ns.remove(other)
+
+
+def test_a_fronted_name_reaches_the_front_from_every_guest_address(
+    sandbox: Runner, stack: Stack
+) -> None:
+    """HTTPS to the fronted models.lan from sandboxes in a row, each at another guest address
+    (the pool hands out the next index while the last one's link goes): each reaches the front.
+    The resolver's answer for a fronted name is the asking guest's own gateway address, so an
+    answer cached for one guest and given to another sent it to a gateway address not its own,
+    which was refused (deny.lateral here, deny.unresolvable through the transparent door: the
+    pool's revert, issue 13)."""
+    # Not through the explicit proxy (https_proxy): the guest's own lookup, then its address.
+    curl = (
+        "env -u https_proxy -u HTTPS_PROXY -u all_proxy -u ALL_PROXY "
+        "curl -s -m 10 -o /dev/null -w '%{http_code} ' https://models.lan/v1/models"
+    )
+    seen = set()
+    for _ in range(3):
+        _ready(stack)
+        r = sandbox.sh(f"{curl}; {curl}")  # the second is answered from the cache
+        events = sandbox.events(r)
+        front = [e for e in events if e.kind is Kind.HTTP and e.name == "models.lan"]
+        assert r.exit_code == 0 and len(front) == 2, [(e.kind, e.dst, e.reason) for e in events]
+        assert all(e.verdict == "allow" and e.details.get("tls") == "inspected" for e in front)
+        (src,) = {str(e.src) for e in front}
+        answers = {a for e in dns(events, "models.lan") for a in e.details.get("answers", ())}
+        assert answers == {ns_ip(src, -1)}  # its own gateway, whoever asked before
+        assert any(e.details.get("cached") for e in dns(events, "models.lan"))
+        seen.add(src)
+    assert len(seen) >= 2, f"every session had the same guest address: {seen}"

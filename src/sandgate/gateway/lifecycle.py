@@ -551,7 +551,7 @@ class Lifecycle:
         self._retire(guest.profile.name, before)
         guest.profile, guest.sites = profile, sites
         self.sites.update(sites)
-        names = self.resolver.names(guest.dns.profile_key)
+        names = self.resolver.names(guest.dns)
         # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
         # holds any more; its next answers pin again.
         self.resolver.forget(guest.dns.profile_key)
