@@ -202,3 +202,55 @@ def test_a_fronted_name_reaches_the_front_from_every_guest_address(
         assert any(e.details.get("cached") for e in dns(events, "models.lan"))
         seen.add(src)
     assert len(seen) >= 2, f"every session had the same guest address: {seen}"
+
+
+def _staged(stack: Stack, timeout: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        staged = list(_warm(stack)["staged"])
+        if staged:
+            return staged
+        time.sleep(0.05)
+    raise AssertionError(f"no warm guest's rules were staged: {_warm(stack)}")
+
+
+def _jumps(stack: Stack) -> tuple[set[str], set[str]]:
+    """The gateway's guest chains, and the guests its forward map reaches."""
+
+    def table() -> list[dict[str, Any]]:
+        nft = Nft()
+        try:
+            table = {"family": "inet", "name": "sandgate"}
+            listing = nft.run({"nftables": [{"list": {"table": table}}]})
+        finally:
+            nft.close()
+        return list((listing or {})["nftables"])
+
+    items = ns.run_in(stack.gateway.netns, table)
+    chains = {c["name"] for i in items if (c := i.get("chain")) and c["name"].startswith("fwd_")}
+    maps = [m for i in items if (m := i.get("map")) and m["name"] == "fwd"]
+    reached = {str(e[0]) for m in maps for e in m.get("elem", ())}
+    return chains, reached
+
+
+def test_staged_rules_are_used_only_for_the_profile_they_were_made_for(
+    sandbox: Runner, stack: Stack
+) -> None:
+    """A warm guest's rules are made ahead for the last join's profile, unreachable until its
+    join adds the map element. A join with another profile must not get them: a locked session
+    after an open one is refused the outside, and an open one after a locked one reaches it."""
+    # A datagram to the probe host's UDP echo: judged by the rules alone (no proxy door).
+    probe = (
+        'python3 -c "import socket; s = socket.socket(2, 2); s.settimeout(2); '
+        "s.sendto(b'x', ('198.51.100.123', 123)); print(s.recv(9))\""
+    )
+    for n, mode in enumerate(("open", "open", "locked", "open", "locked")):
+        if n:  # the first join makes the guess the next ones' rules are staged for
+            _staged(stack)
+            chains, reached = _jumps(stack)
+            assert chains - {f"fwd_{g}" for g in reached}, "no staged chain, or a reachable one"
+        r = sandbox.sh(probe, mode=mode)
+        seen = [e for e in sandbox.events(r) if e.dst == "198.51.100.123"]
+        assert (r.exit_code == 0) is (mode == "open"), (n, mode, r.exit_code)
+        assert seen and {e.verdict for e in seen} == {"allow" if mode == "open" else "deny"}, (
+            n, mode, [(e.kind, e.verdict, e.reason) for e in seen])  # fmt: skip
