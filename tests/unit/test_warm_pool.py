@@ -98,31 +98,3 @@ def test_a_failed_make_leaves_nothing_and_stops_refilling(tmp_path: Path) -> Non
         assert pool.take() is None
 
     asyncio.run(go())
-
-
-def test_a_guests_rules_split_into_a_body_and_the_elements_that_reach_it() -> None:
-    """Staged rules (gateway/pool.py): the body holds no element of a map a guest is reached
-    through, and every one of those is in the jumps; nothing is lost or added."""
-    from ipaddress import IPv4Network
-
-    from sandgate.gateway.pool import JUMP_MAPS, split_jumps
-    from sandgate.net.compile import GuestLink, guest_add, guest_remove
-    from sandgate.policy.load import parse_policy
-
-    link = GuestLink.from_pool(IPv4Network("10.201.0.0/16"), 5, "02:00:00:00:00:05")
-    policy = parse_policy(
-        b'[profiles.p]\ninternet = "allowlist"\n'
-        b'allow = [{ domain = "example.com" }, { host = "203.0.113.7", port = 80 }]\n'
-        b'[[expose]]\nguest = "p"\nport = 8080\nfrom = ["192.168.1.0/24"]\n',
-        "t.toml",
-    )
-    profile = policy.profile("p", gateway_address=link.gateway)
-    cmds, sites = guest_add(link, profile)
-    body, jumps = split_jumps(cmds)
-    assert sorted(map(repr, body + jumps)) == sorted(map(repr, cmds))
-    names = {c["add"]["element"]["name"] for c in jumps}
-    assert {"fwd", "in", "xpre", "xfwd"} <= names <= JUMP_MAPS
-    assert not [c for c in body if c.get("add", {}).get("element", {}).get("name") in JUMP_MAPS]
-    undo, unjump = split_jumps(guest_remove(link, sites.values(), profile))
-    assert {c["delete"]["element"]["name"] for c in unjump} == names
-    assert not [c for c in undo if c.get("delete", {}).get("element", {}).get("name") in JUMP_MAPS]

@@ -33,7 +33,7 @@ from sandgate.gateway.guests import Guest, GuestTable
 from sandgate.gateway.hostlo import HostLoopback, unserved
 from sandgate.gateway.logfeed import LogFeed
 from sandgate.gateway.logs.prochold import ProcessHold, ProcessTable
-from sandgate.gateway.pool import REFILL_AFTER, Staged, Warm, WarmPool, split_jumps
+from sandgate.gateway.pool import REFILL_AFTER, Warm, WarmPool
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
@@ -114,14 +114,7 @@ class Lifecycle:
             lambda i: GuestLink.from_pool(self.pool, i, guest_mac(i)),
             nl,
             cleanup.own,
-            ready=self._stage_soon,
-            release=self._unstage,
         )
-        # The rules of ready warm guests, made ahead for the last join's profile (by index),
-        # and what that join asked (policy, profile, mode, allow, deny, ask): the guess.
-        self._staged: dict[int, Staged] = self.warm.staged
-        self._guess: dict[str, Any] | None = None
-        self._staging: asyncio.Task[None] | None = None
 
     # -- what a guest may do --------------------------------------------------------------------
 
@@ -245,19 +238,13 @@ class Lifecycle:
         except BaseException:
             if warm is not None:  # its link must not outlive the join: the index is free again
                 with contextlib.suppress(Exception):
-                    await self._unstage(warm)  # staged rules the join did not take over
-                with contextlib.suppress(Exception):
                     await self._nl(self.plumber.detach_guest, warm.link)
             raise
         finally:
             if warm is not None:
                 self._joining.discard(warm.index)
             # The next warm one, once the runner's own set-up is past (it runs beside it).
-            loop = asyncio.get_running_loop()
-            loop.call_later(REFILL_AFTER, self.warm.refill)
-            loop.call_later(REFILL_AFTER, self._stage_soon)
-        if not (handed or canary):  # the next warm guests' rules are made for this profile
-            self._guess = {k: msg.get(k) for k in _GUESSED}
+            asyncio.get_running_loop().call_later(REFILL_AFTER, self.warm.refill)
         return reply
 
     async def _add(
@@ -406,8 +393,7 @@ class Lifecycle:
                 await uid_log
                 t.mark("uid_log")
             cmds, sites = guest_add(link, profile, self.limits)
-            staged = self._staged.pop(warm.index, None) if warm is not None else None
-            self._apply_rules(cmds, staged)
+            self.nft.run(batch(*cmds))
             t.mark("rules")
             undo.append(lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile))))
             key = "|".join(
@@ -460,68 +446,6 @@ class Lifecycle:
         if uidlog is not None:
             loop.add_reader(uidlog.fileno(), self.feed.read_guest, guest)
         return guest
-
-    def _apply_rules(self, cmds: list[Any], staged: Staged | None) -> None:
-        """A joining guest's rules, in one batch: only the map elements that reach them where
-        the same rules were staged ahead (its warm namespace's, ``_stage_ready``). Staged for
-        another profile, or no longer there (a repair rebuilt the table), they are removed
-        and the whole set applied, as without a pool."""
-        if staged is not None:
-            body, jumps = split_jumps(cmds)
-            if body == staged.body:
-                try:
-                    self.nft.run(batch(*jumps))
-                    return
-                except Exception as exc:  # the staged rules are not what was staged
-                    print(f"sandgate: staged rules not used ({exc})", file=sys.stderr)
-            with contextlib.suppress(Exception):  # atomic: all of them go, or none was there
-                self.nft.run(batch(*staged.undo))
-        self.nft.run(batch(*cmds))
-
-    def _stage_soon(self) -> None:
-        """Stage the rules of the ready warm guests (after a fill or a join, never on a join's
-        path: it waits for the join's lock)."""
-        if self._guess is not None and (self._staging is None or self._staging.done()):
-            self._staging = asyncio.ensure_future(self._stage_ready())
-
-    async def _stage_ready(self) -> None:
-        guess = self._guess
-        for warm in list(self.warm.ready):
-            if guess is None or warm.index in self._staged:
-                continue
-            async with self._lock:
-                if warm not in self.warm.ready:  # taken meanwhile: its join applies all
-                    continue
-                try:
-                    policy = load_policy(guess.get("policy"))
-                    profile = self.profile_for(guess, policy, warm.link)
-                    cmds, sites = guest_add(warm.link, profile, self.limits)
-                    body, _ = split_jumps(cmds)
-                    undo, _ = split_jumps(guest_remove(warm.link, sites.values(), profile))
-                except Exception as exc:  # a policy changed on disk, say: joins apply it all
-                    print(f"sandgate: no staged rules ({exc})", file=sys.stderr)
-                    return
-                self.check.before_change()
-                try:
-                    self.nft.run(batch(*body))
-                except Exception as exc:
-                    print(f"sandgate: no staged rules ({exc})", file=sys.stderr)
-                    return
-                finally:
-                    self.check.note()
-                self._staged[warm.index] = Staged(body, undo)
-
-    async def _unstage(self, warm: Warm) -> None:
-        """A warm guest's staged rules, removed (it goes without a join, or its join failed)."""
-        staged = self._staged.pop(warm.index, None)
-        if staged is None:
-            return
-        async with self._lock:
-            self.check.before_change()
-            try:
-                self.nft.run(batch(*staged.undo))
-            finally:
-                self.check.note()
 
     def _make_warm(self, link: GuestLink, netns: str) -> None:
         """A warm pool entry (on the netlink thread): a fresh namespace, the link, the uid-log
@@ -921,10 +845,6 @@ class Lifecycle:
                 await self.remove(canary.link.ifname)
             with contextlib.suppress(SandgateError):
                 ns.remove(canary.netns)
-
-
-# What of a join's message chooses its profile (profile_for): the guess for staged rules.
-_GUESSED = ("policy", "profile", "mode", "allow", "deny", "ask")
 
 
 class _Phases:

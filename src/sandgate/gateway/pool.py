@@ -56,35 +56,6 @@ def sweep(run_dir: Path) -> list[str]:
     return gone
 
 
-# The maps a guest's rules are reached through (net/compile.py guest_add): until its elements
-# are added, the rest of its rules are inert, so they can be made ahead of the join.
-JUMP_MAPS = frozenset({"fwd", "in", "intercept4", "intercept6", "xpre", "xfwd"})
-
-
-def _jump_map(cmd: Any) -> bool:
-    for verb in ("add", "delete"):
-        element = cmd.get(verb, {}).get("element") if isinstance(cmd, dict) else None
-        if isinstance(element, dict) and element.get("name") in JUMP_MAPS:
-            return True
-    return False
-
-
-def split_jumps(cmds: list[Any]) -> tuple[list[Any], list[Any]]:
-    """A guest's rule commands as (its body, the map elements that make the body reachable)."""
-    body = [c for c in cmds if not _jump_map(c)]
-    return body, [c for c in cmds if _jump_map(c)]
-
-
-@dataclass(frozen=True)
-class Staged:
-    """A warm guest's rules made ahead (issue 13: the join's 99-command batch was 3-8 ms of its
-    path), for the profile the last join had: ``body`` without the map elements that reach it,
-    ``undo`` what removes it again (the guest's removal without those elements)."""
-
-    body: list[Any]
-    undo: list[Any]
-
-
 @dataclass(frozen=True)
 class Warm:
     """One ready guest: its namespace (eth0 addressed and routed, lo up, the uid-log table in)
@@ -112,23 +83,17 @@ class WarmPool:
         link_for: Callable[[int], GuestLink],
         nl: NetlinkCall,
         own: Callable[[str, int], None] = lambda name, pid: None,
-        ready: Callable[[], None] = lambda: None,
-        release: Callable[[Warm], Awaitable[None]] | None = None,
     ) -> None:
         self.instance, self.size = instance, size
         self.folder = run_dir / WARM_DIR
         self._free_index, self._make, self._drop, self._link_for = free_index, make, drop, link_for
         self._nl, self._own = nl, own  # own: cleanup.own (not imported: cleanup finds manage)
-        # ready: one more is ready (its rules may be staged); release: what was made for an
-        # entry besides its namespace and link (its staged rules), before it is dropped.
-        self._on_ready, self._release = ready, release
         self.ready: list[Warm] = []
         self.taken: dict[str, Warm] = {}  # handed to a runner, its join not seen yet
         self.making: set[int] = set()
         self._forgetting: set[int] = set()  # handed out and gone: reserved until the link is
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed: str | None = None  # the last failure to make one (refills stop until a take)
-        self.staged: dict[int, Staged] = {}  # rules made ahead, by index (the daemon's)
 
     def reserved(self) -> set[int]:
         """Indexes no join may choose: ready, handed out, or being made."""
@@ -158,7 +123,6 @@ class WarmPool:
             "ready": [w.netns for w in self.ready],
             "taken": sorted(self.taken),
             "making": len(self.making),
-            "staged": [w.netns for w in self.ready if w.index in self.staged],
             "failed": self.failed,
         }
 
@@ -196,7 +160,6 @@ class WarmPool:
         finally:
             self.making.discard(index)
         self.ready.append(Warm(index, link, netns))
-        self._on_ready()
 
     def _prune(self) -> None:
         """Forget handed-out namespaces whose runner removed them without joining (it died or
@@ -212,8 +175,6 @@ class WarmPool:
     async def _forget(self, warm: Warm) -> None:
         try:
             with contextlib.suppress(Exception):
-                if self._release is not None:
-                    await self._release(warm)
                 await self._nl(self._drop, warm.link, warm.netns)
         finally:
             self._forgetting.discard(warm.index)
@@ -227,10 +188,8 @@ class WarmPool:
         while self.ready:
             warm = self.ready.pop()
             with contextlib.suppress(Exception):
-                if self._release is not None:
-                    await self._release(warm)
                 await self._nl(self._drop, warm.link, warm.netns)
                 (self.folder / warm.netns).unlink(missing_ok=True)
 
 
-__all__ = ["JUMP_MAPS", "WARM_DIR", "Staged", "Warm", "WarmPool", "split_jumps", "sweep"]
+__all__ = ["WARM_DIR", "Warm", "WarmPool", "sweep"]
