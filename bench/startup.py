@@ -115,6 +115,7 @@ UP_PHASES = [
     "store open",
     "netns + dirs (Sandbox.create)",
     "control connect",
+    "control take_netns",  # a warm namespace from the gateway's pool (gateway/pool.py)
     "control add_guest",
     "session row",
     "sandbox files",

@@ -26,8 +26,8 @@ EXPORTS = {
     "sandgate.export": ["cilium", "gatewayvm", "k8s", "space", "unexpressed"],
     "sandgate.gateway": [
         "approvals", "config", "control", "daemon", "dns", "guests", "handed", "hostlo",
-        "integrity", "lifecycle", "logfeed", "logs", "manage", "proxy", "registry", "reload",
-        "selfcheck", "server", "sink", "watchdog",
+        "integrity", "lifecycle", "logfeed", "logs", "manage", "pool", "proxy", "registry",
+        "reload", "selfcheck", "server", "sink", "watchdog",
     ],
     "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],

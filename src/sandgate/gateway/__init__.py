@@ -1,9 +1,10 @@
 """The daemon outside every sandbox, as a composition root (server.py): the guest table
 (guests.py), the event sink (sink.py), guest lifecycle (lifecycle.py), the kernel's logs into
 the sink (logfeed.py), its config and control socket, starting and finding daemons
-(manage.py), the self-check and watchdog, the relay to the host's loopback (hostlo.py). Its
-services live in ``proxy/``, ``logs/`` and ``dns/``, each handed a sink and lookups, never the
-daemon. Imports nothing from ``session/`` or ``world/``.
+(manage.py), the self-check and watchdog, the relay to the host's loopback (hostlo.py), the
+warm pool of guest namespaces (pool.py). Its services live in ``proxy/``, ``logs/`` and
+``dns/``, each handed a sink and lookups, never the daemon. Imports nothing from ``session/``
+or ``world/``.
 """
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "logfeed",
     "logs",
     "manage",
+    "pool",
     "proxy",
     "registry",
     "reload",

@@ -37,6 +37,7 @@ class GatewayConfig:
     # A gateway VM (uplink kind "handed"): its guest links, (interface, profile) in slot order.
     guest_links: tuple[tuple[str, str], ...] = ()
     host_loopback: tuple[int, ...] = ()  # ports of the host's 127.0.0.1 relayed (gateway/hostlo)
+    warm_links: int = 3  # guest namespaces kept ready with their links (gateway/pool.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,12 +55,13 @@ class GuestTable:
     def __len__(self) -> int:
         return len(self.by_link)
 
-    def free_index(self) -> int:
-        """The first /30 of the pool no guest holds (the last is the canary's)."""
+    def free_index(self, reserved: AbstractSet[int] = frozenset()) -> int:
+        """The first /30 of the pool no guest holds (the last is the canary's), and none of
+        ``reserved`` (the warm pool's, gateway/pool.py)."""
         free = (
             i
             for i in range(self.canary_index())
-            if f"g{i}" not in self.by_link and f"g{i}" not in self.draining
+            if f"g{i}" not in self.by_link and f"g{i}" not in self.draining and i not in reserved
         )
         index = next(free, None)
         if index is None:

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sandgate import cleanup
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event, FlowKey, Kind
 from sandgate.events.store import home_of
@@ -32,6 +33,7 @@ from sandgate.gateway.guests import Guest, GuestTable
 from sandgate.gateway.hostlo import HostLoopback, unserved
 from sandgate.gateway.logfeed import LogFeed
 from sandgate.gateway.logs.prochold import ProcessHold, ProcessTable
+from sandgate.gateway.pool import REFILL_AFTER, Warm, WarmPool
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
@@ -99,6 +101,21 @@ class Lifecycle:
         self.canary_worker: ns.NsThread | None = None
         # Packets of sites deleted since start, per (profile, rule, verdict, reason).
         self.retired: dict[tuple[str, str | None, str, str], int] = {}
+        self._joining: set[int] = set()  # indexes of joins under way
+        # Ready namespaces with their links (pool.py); none on a gateway VM (handed links).
+        warm = 0 if cfg.guest_links or cfg.uplink.kind == "handed" else cfg.warm_links
+        self.warm = WarmPool(
+            cfg.instance,
+            cfg.run_dir,
+            warm,
+            # Not an index a join has chosen and not yet put in the table (it awaits meanwhile).
+            lambda reserved: self.table.free_index(reserved | self._joining),
+            self._make_warm,
+            self._drop_warm,
+            lambda i: GuestLink.from_pool(self.pool, i, guest_mac(i)),
+            nl,
+            cleanup.own,
+        )
 
     # -- what a guest may do --------------------------------------------------------------------
 
@@ -208,38 +225,80 @@ class Lifecycle:
         self, msg: dict[str, Any], *, index: int | None = None, canary: bool = False
     ) -> dict[str, Any]:
         t = _Phases()
+        handed = msg.get("handed")  # a gateway VM's guest link: no namespace of ours
+        # A namespace the runner took from the warm pool: its link is made already.
+        warm = (
+            None
+            if handed or canary or index is not None
+            else self.warm.claim(str(msg.get("netns")))
+        )
+        if warm is not None:  # no longer the pool's: reserved as a join's until it is done
+            self._joining.add(warm.index)
+        try:
+            reply = await self._add(msg, index, canary, warm, t)
+        except BaseException:
+            if warm is not None:  # its link must not outlive the join: the index is free again
+                with contextlib.suppress(Exception):
+                    await self._nl(self.plumber.detach_guest, warm.link)
+            raise
+        finally:
+            if warm is not None:
+                self._joining.discard(warm.index)
+            # The next warm one, once the runner's own set-up is past (it runs beside it).
+            asyncio.get_running_loop().call_later(REFILL_AFTER, self.warm.refill)
+        return reply
+
+    async def _add(
+        self,
+        msg: dict[str, Any],
+        index: int | None,
+        canary: bool,
+        warm: Warm | None,
+        t: _Phases,
+    ) -> dict[str, Any]:
+        handed = msg.get("handed")
         async with self._lock:
             self.check.before_change()
             t.mark("lock")
-            index = self.table.free_index() if index is None else index
-            handed = msg.get("handed")  # a gateway VM's guest link: no namespace of ours
-            link = (
-                GuestLink.handed(self.pool, index, str(handed))
-                if handed
-                else GuestLink.from_pool(self.pool, index, guest_mac(index))
-            )
-            policy = load_policy(msg.get("policy"))
-            self.check_wiring(policy)
-            profile = self.profile_for(msg, policy, link)
-            if profile.ask:
-                _ = self.approvals  # the resolver asks from now on (issue 14)
-            netns = "" if handed else msg["netns"]
-            if not handed:
-                ns.check_ours(netns)
-            t.mark("policy")
+            if warm is not None:
+                index = warm.index
+            elif index is None:
+                index = self.table.free_index(self.warm.reserved() | self._joining)
+            self._joining.add(index)  # a warm one's is already (add)
             try:
-                guest = await self._join(msg, link, policy, profile, netns, canary, t)
+                link = (
+                    GuestLink.handed(self.pool, index, str(handed))
+                    if handed
+                    else warm.link
+                    if warm is not None
+                    else GuestLink.from_pool(self.pool, index, guest_mac(index))
+                )
+                policy = load_policy(msg.get("policy"))
+                self.check_wiring(policy)
+                profile = self.profile_for(msg, policy, link)
+                if profile.ask:
+                    _ = self.approvals  # the resolver asks from now on (issue 14)
+                netns = "" if handed else msg["netns"]
+                if not handed:
+                    ns.check_ours(netns)
+                t.mark("policy")
+                try:
+                    guest = await self._join(msg, link, policy, profile, netns, canary, t, warm)
+                finally:
+                    self.check.note()  # joined, or undone: either way what the rules now are
+                    t.mark("note")
+                self.sites.update(guest.sites)
+                if canary:
+                    self.table.canary = guest
+                    return {"guest": link.ifname, "address": str(link.guest)}
+                self.table.add(guest)
+                self.check.remember_policy(msg.get("policy"))
+                if not handed:  # handed guests come back from the daemon's own configuration
+                    registry.save(self.cfg.run_dir, link.ifname, index, msg)
+                t.mark("table")
             finally:
-                self.check.note()  # joined, or undone: either way what the rules now are
-                t.mark("note")
-            self.sites.update(guest.sites)
-            if canary:
-                self.table.canary = guest
-                return {"guest": link.ifname, "address": str(link.guest)}
-            self.table.add(guest)
-            self.check.remember_policy(msg.get("policy"))
-            if not handed:  # handed guests come back from the daemon's own configuration
-                registry.save(self.cfg.run_dir, link.ifname, index, msg)
+                if warm is None:
+                    self._joining.discard(index)
         self.sink.emit(
             Event(
                 kind=Kind.GUEST,
@@ -277,7 +336,8 @@ class Lifecycle:
             # The file's profile, as the runner read it before: noexec and [limits] (so a
             # `run` loads no policy of its own, issue 13)
             **_session_settings(policy, profile.name),
-            "timing_ms": t.ms,
+            "warm": warm is not None,  # its namespace came from the warm pool (pool.py)
+            "timing_ms": {**t.ms, "reply": t.since()},
         }
 
     async def _join(
@@ -289,6 +349,7 @@ class Lifecycle:
         netns: str,
         canary: bool,
         t: _Phases,
+        warm: Warm | None = None,
     ) -> Guest:
         """Every part of a guest, in order; on any failure the parts made so far are undone."""
         loop = asyncio.get_running_loop()
@@ -307,6 +368,12 @@ class Lifecycle:
             if handed:
                 await self._nl(self.plumber.adopt_guest, link)
                 undo.append(lambda: self.netlink.submit(self.plumber.release_guest, link).result())
+                t.mark("link")
+            elif warm is not None:
+                # Made before the join (pool.py), IPv6 as the uplink has it: so does the profile
+                # (a wiring fact, profile_for). Anything else is refused, not patched up.
+                if profile.uplink_ipv6 != self.cfg.uplink.has_ipv6:
+                    raise SandgateError("a warm link made for another IPv6 wiring", "run again")
                 t.mark("link")
             else:
                 # The uid-log table goes into the guest's namespace while the link is made (it
@@ -376,6 +443,27 @@ class Lifecycle:
         if uidlog is not None:
             loop.add_reader(uidlog.fileno(), self.feed.read_guest, guest)
         return guest
+
+    def _make_warm(self, link: GuestLink, netns: str) -> None:
+        """A warm pool entry (on the netlink thread): a fresh namespace, the link, the uid-log
+        table, as a join without the pool makes them."""
+        if self.plumber.has_link(link.ifname):  # not ours to touch (nor to delete on failure)
+            raise SandgateError(f"link {link.ifname} exists already")
+        ipv6 = self.cfg.uplink.has_ipv6  # every guest's profile has it then (profile_for)
+        ns.create(netns)
+        try:
+            self.plumber.attach_guest(link, netns, ipv6)
+            _uid_log_in(netns, ipv6)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.plumber.detach_guest(link)  # made by the line above: the index is reserved
+            with contextlib.suppress(Exception):
+                ns.remove(netns)
+            raise
+
+    def _drop_warm(self, link: GuestLink, netns: str) -> None:
+        self.plumber.detach_guest(link)
+        ns.remove(netns)
 
     def _start_hold(self, guest: str, netns: str, root_pid: int | None) -> ProcessHold | None:
         """The process hold of a guest (on a worker thread); without it (no iptables, an odd
@@ -460,7 +548,7 @@ class Lifecycle:
         self._retire(guest.profile.name, before)
         guest.profile, guest.sites = profile, sites
         self.sites.update(sites)
-        names = self.resolver.names(guest.dns.profile_key)
+        names = self.resolver.names(guest.dns)
         # New rules, new (empty) pin sets: nothing the resolver pinned or cached before
         # holds any more; its next answers pin again.
         self.resolver.forget(guest.dns.profile_key)
@@ -627,17 +715,17 @@ class Lifecycle:
         await self._detach(guest)
 
     async def _detach(self, guest: Guest) -> None:
+        # Not under the lock: a veth's deletion waits out an RCU grace period (~20 ms), which
+        # the next join must not wait for. Its slot stays taken (draining) until the link is
+        # gone; no note(): the link's rules (its ingress chain too) went with its removal
+        # batch, so deleting the link changes nothing the digest covers. The runner may delete
+        # the guest's namespace meanwhile, which takes the link with it: gone already is fine.
         try:
-            async with self._lock:
-                # The runner may delete the guest's namespace meanwhile, which takes the link
-                # with it: a link already gone is fine.
-                # No note(): the link's rules (its ingress chain too) went with its removal
-                # batch, so deleting the link changes nothing the digest covers.
-                with contextlib.suppress(Exception):
-                    if guest.msg.get("handed"):  # handed to us: not ours to delete
-                        await self._nl(self.plumber.release_guest, guest.link)
-                    else:
-                        await self._nl(self.plumber.detach_guest, guest.link)
+            with contextlib.suppress(Exception):
+                if guest.msg.get("handed"):  # handed to us: not ours to delete
+                    await self._nl(self.plumber.release_guest, guest.link)
+                else:
+                    await self._nl(self.plumber.detach_guest, guest.link)
         finally:
             self.table.draining.discard(guest.link.ifname)
 
@@ -647,6 +735,7 @@ class Lifecycle:
                 await self.remove(name)
         if self._detaching:
             await asyncio.gather(*self._detaching, return_exceptions=True)
+        await self.warm.close()
 
     def counters(self, guest: Guest) -> dict[str, dict[str, Any]]:
         """Exact per-site packet counts for one guest (the logs may be rate-limited)."""
@@ -790,6 +879,10 @@ class _Phases:
     def __init__(self) -> None:
         self._last = time.perf_counter()
         self.ms: dict[str, float] = {}
+
+    def since(self) -> float:
+        """Milliseconds since the last mark (not a mark itself)."""
+        return round((time.perf_counter() - self._last) * 1000, 2)
 
     def mark(self, step: str) -> None:
         now = time.perf_counter()

@@ -257,6 +257,10 @@ def stop(handle: GatewayHandle, timeout: float = 10.0) -> None:
     finally:
         with contextlib.suppress(OSError):
             limits.release_gateway(handle.instance)
+        from sandgate.gateway import pool  # its warm namespaces, if it could not remove them
+
+        with contextlib.suppress(OSError):
+            pool.sweep(run_dir(handle.instance))
         for helper in (handle.pasta, handle.hostlo):
             if helper is not None and helper.poll() is None:
                 helper.terminate()

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from sandgate.errors import SandgateError
 from sandgate.events.store import Store
-from sandgate.gateway import control
+from sandgate.gateway import control, pool
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import Resolver
 from sandgate.gateway.guests import Guest, GuestTable
@@ -106,6 +106,7 @@ class Gateway:
         self.ops: Mapping[str, Op] = {
             "ping": self._ping,
             "add_guest": self.guests_.add,
+            "take_netns": self._take_netns,  # a warm guest namespace for add_guest (pool.py)
             "remove_guest": self._remove_guest,
             "flush": self._flush,
             "status": self._status,
@@ -189,6 +190,9 @@ class Gateway:
         self.check.note()
         self.check.watch_commits(loop)
         await self.guests_.reattach()
+        # What a killed daemon of this instance left untaken, then this one's own.
+        await self._nl(pool.sweep, self.cfg.run_dir)
+        self.guests_.warm.refill()  # made while the rest starts and after, never on a join's path
         if self.cfg.watchdog:
             await self.guests_.start_canary()
             self.watchdog = Watchdog(self.check, self.cfg.watchdog)
@@ -304,6 +308,10 @@ class Gateway:
         self.sink.flush()
         return {}
 
+    async def _take_netns(self, msg: dict[str, Any]) -> dict[str, Any]:
+        pid = msg.get("pid")
+        return {"netns": self.guests_.warm.take(pid if isinstance(pid, int) else None)}
+
     async def _status(self, msg: dict[str, Any]) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
@@ -322,6 +330,7 @@ class Gateway:
             "unattributed": self.sink.attributor.unattributed,
             "nflog_lost": self.feed.lost,
             "integrity": self._integrity(),
+            "warm": self.guests_.warm.status(),
         }
 
     async def _metrics(self, msg: dict[str, Any]) -> dict[str, Any]:

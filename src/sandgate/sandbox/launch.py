@@ -7,6 +7,7 @@ gives it its only link. The process runs under bubblewrap as an unprivileged uid
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -135,9 +136,12 @@ class Sandbox:
         workdir: Path | None,
         uid: int,
         files: WorkspaceSpec | None = None,
+        netns: str | None = None,
     ) -> Sandbox:
+        """``netns``: a namespace the gateway made ready (its warm pool), taken over: this
+        sandbox removes it at the end as one of its own."""
         box = cls(session, instance)
-        box.netns = f"sg-{instance}-s{secrets.token_hex(3)}"
+        box.netns = netns or f"sg-{instance}-s{secrets.token_hex(3)}"
         box.dir = SESSIONS_ROOT / session
         try:
             if workdir is not None:
@@ -147,7 +151,8 @@ class Sandbox:
             box.space = Workspace(box.dir, uid, files or WorkspaceSpec())
             cleanup.own(f"mount-{session}")
             box.space.create(workdir)
-            ns.create(box.netns)
+            if netns is None:
+                ns.create(box.netns)
         except BaseException:
             box.destroy()
             raise
@@ -417,12 +422,18 @@ def ca_env(path: str = str(SYSTEM_BUNDLE)) -> dict[str, str]:
 
 
 def certifi_bundles() -> list[str]:
-    """certifi bundles the sandbox can see (the one of the venv sandgate runs from, if any)."""
+    """certifi bundles the sandbox can see (the one of the venv sandgate runs from, if any).
+    Found, not imported: ``certifi.where()`` goes through importlib.resources (and zipfile),
+    10-14 ms of a run's path to exec (2026-12-01, load 3). A bundle inside a zip is no file to
+    bind, so only the package folder's own ``cacert.pem`` counts, which is what where() gives
+    for a package installed as files."""
     try:
-        import certifi
-    except ImportError:
+        spec = importlib.util.find_spec("certifi")
+    except (ImportError, ValueError):
         return []
-    where = os.path.realpath(certifi.where())
+    if spec is None or spec.origin is None:
+        return []
+    where = os.path.realpath(os.path.join(os.path.dirname(spec.origin), "cacert.pem"))
     return [where] if where.startswith(("/opt/", "/usr/")) and os.path.isfile(where) else []
 
 

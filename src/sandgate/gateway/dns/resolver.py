@@ -51,6 +51,7 @@ CACHE_MAX = 50_000
 TTL_CAP = 300
 TCP_IDLE = 10.0
 PROXY_LOOKUP_TIMEOUT = 6.0
+OWN = "\0own "  # a profile key + this + a guest's address: the cache scope of its own answers
 DNS_CATEGORY = Category.DNS.value
 
 PinTags = tuple[str, ...]  # the pin sets (policy/pins.py) an answer's addresses join
@@ -247,18 +248,22 @@ class Resolver:
             guest.tcp.close()
             await guest.tcp.wait_closed()
 
-    def names(self, profile_key: str) -> dict[str, set[str]]:
-        """Address -> the names this profile's answers gave it (expired answers too: a
-        connection outlives its answer's TTL). A reload judges open flows by them."""
+    def names(self, guest: GuestDNS) -> dict[str, set[str]]:
+        """Address -> the names answers under this guest's profile gave it (expired answers
+        too: a connection outlives its answer's TTL), its own fronted ones included. A reload
+        judges open flows by them."""
         out: dict[str, set[str]] = {}
+        scopes = (guest.profile_key, _own_scope(guest))
         for (key, _), entry in self._cache.items():
-            if key == profile_key:
+            if key in scopes:
                 for address in entry.addresses:
                     out.setdefault(address, set()).add(entry.name)
         return out
 
     def forget(self, profile_key: str) -> None:
-        for key in [k for k in self._cache if k[0] == profile_key]:
+        """Every answer under ``profile_key``, every guest's own (fronted names) too."""
+        own = profile_key + OWN
+        for key in [k for k in self._cache if k[0] == profile_key or k[0].startswith(own)]:
             del self._cache[key]
 
     # -- answering -----------------------------------------------------------------------------
@@ -270,7 +275,11 @@ class Resolver:
         bytes get the query's id and spelling of the name and their TTLs aged (_Entry.reply);
         tests/unit/test_dns_cache.py checks them against the slow path's answer."""
         key = dnslogic.cache_key(wire)
-        entry = self._cache.get((guest.profile_key, key)) if key is not None else None
+        if key is None:
+            return None
+        entry = self._cache.get((guest.profile_key, key)) or self._cache.get(
+            (_own_scope(guest), key)  # a fronted name: this guest's own answer (_answered)
+        )
         if entry is None:
             return None
         now = self.clock()
@@ -380,7 +389,12 @@ class Resolver:
             if len(self._cache) >= CACHE_MAX:
                 self._cache.clear()
             entry.query = wire
-            self._cache[(guest.profile_key, key)] = entry
+            # A fronted name's answer is the asking guest's own gateway address: cached for
+            # that guest alone (shared, it sent the next guest of the profile to an address
+            # not its own, refused as lateral or an outside name). Every other answer is the
+            # same for every guest of the profile.
+            own = entry.decision.reason is Reason.FRONT and entry.decision.allowed
+            self._cache[(_own_scope(guest) if own else guest.profile_key, key)] = entry
         if entry.pins:
             self._ensure_pinned(guest, entry)
         self._log(guest, client, proto, entry, cached=False)
@@ -632,6 +646,11 @@ def _entry(
         rcode=rcode,
         **kw,
     )
+
+
+def _own_scope(guest: GuestDNS) -> str:
+    """The cache scope of answers that hold for this guest alone (fronted names)."""
+    return guest.profile_key + OWN + guest.address
 
 
 def _key(guest: GuestDNS, client: tuple[str, int], proto: str) -> FlowKey:

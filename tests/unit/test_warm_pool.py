@@ -1,0 +1,100 @@
+"""The warm pool's bookkeeping (gateway/pool.py) with make/drop recorded instead of done: no
+index is given twice, a failure leaves nothing and stops refills, a namespace is claimed once."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from sandgate.gateway.guests import GuestTable
+from sandgate.gateway.pool import WARM_DIR, WarmPool
+from sandgate.net.compile import GuestLink
+from sandgate.net.links import guest_mac
+
+POOL = ipaddress.ip_network("10.201.0.0/28")  # four slots, the last the canary's
+
+
+def _pool(tmp_path: Path, fail: bool = False) -> tuple[WarmPool, list[tuple[str, int, str]]]:
+    calls: list[tuple[str, int, str]] = []
+    table = GuestTable(POOL)
+
+    def make(link: GuestLink, netns: str) -> None:
+        assert (tmp_path / WARM_DIR / netns).exists()  # written down before it is made
+        calls.append(("make", link.index, netns))
+        if fail:
+            raise OSError("no more namespaces")
+
+    def drop(link: GuestLink, netns: str) -> None:
+        calls.append(("drop", link.index, netns))
+
+    async def nl(fn: Any, *args: Any) -> Any:
+        await asyncio.sleep(0)
+        return fn(*args)
+
+    pool = WarmPool(
+        "ut",
+        tmp_path,
+        2,
+        table.free_index,
+        make,
+        drop,
+        lambda i: GuestLink.from_pool(POOL, i, guest_mac(i)),
+        nl,
+    )
+    return pool, calls
+
+
+async def _settle(pool: WarmPool) -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+    await asyncio.gather(*pool._tasks)
+
+
+def test_entries_are_made_on_free_slots_claimed_once_and_forgotten_when_gone(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        pool, calls = _pool(tmp_path)
+        pool.refill()
+        assert pool.reserved() == {0, 1}  # reserved while being made: no join takes them
+        await _settle(pool)
+        assert [w.index for w in pool.ready] == [0, 1]
+        name = pool.take()
+        assert name is not None and name.startswith("sg-ut-w")
+        assert not (tmp_path / WARM_DIR / name).exists()  # the runner's now
+        assert pool.reserved() == {0, 1}
+        warm = pool.claim(name)
+        assert warm is not None and warm.index == 0 and pool.claim(name) is None
+        # Taken and removed by its taker without a join (no such namespace here): forgotten,
+        # its link dropped, its slot free again.
+        other = pool.take()
+        assert other is not None
+        pool.refill()
+        await _settle(pool)
+        assert ("drop", 1, other) in calls
+        assert other not in pool.taken
+        assert len(pool.ready) == 2 and 1 not in pool.reserved()  # free once its link went
+        await pool.close()
+        assert not pool.ready and not list((tmp_path / WARM_DIR).iterdir())
+
+    asyncio.run(go())
+
+
+def test_a_failed_make_leaves_nothing_and_stops_refilling(tmp_path: Path) -> None:
+    async def go() -> None:
+        pool, calls = _pool(tmp_path, fail=True)
+        pool.refill()
+        await _settle(pool)
+        assert not pool.ready and pool.reserved() == set()
+        assert pool.failed == "no more namespaces"
+        assert {c[0] for c in calls} == {"make"}  # make undoes its own part
+        assert not list((tmp_path / WARM_DIR).iterdir())
+        made = len(calls)
+        pool.refill()
+        await _settle(pool)
+        assert len(calls) == made  # until a take says to try again
+        assert pool.take() is None
+
+    asyncio.run(go())
