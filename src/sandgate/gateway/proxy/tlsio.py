@@ -156,7 +156,7 @@ class TlsStream:
     def _decrypt(self, n: int) -> bytes:
         """Every whole record held, up to ``n`` bytes, decrypted into one buffer (OpenSSL gives
         one record per read: no bytes object per record, no join)."""
-        view = _buffer()
+        view = _buffer("plain", PLAIN)
         n = min(n, len(view))
         size = 0
         while size < n:
@@ -176,12 +176,13 @@ class TlsStream:
 
     def _fill(self) -> bool:
         """One read from the kernel into the incoming BIO; False at EOF."""
-        data = self.sock.recv(RAW)
-        if not data:
+        raw = _buffer("raw", RAW)  # recv(RAW) would allocate (and shrink) 256 KiB each time
+        got = self.sock.recv_into(raw)
+        if not got:
             self._eof = True
             self._in.write_eof()
             return False
-        self._in.write(data)
+        self._in.write(raw[:got])
         return True
 
     def _flush(self) -> None:
@@ -192,12 +193,14 @@ class TlsStream:
 _local = threading.local()
 
 
-def _buffer() -> memoryview:
-    """This thread's decryption buffer. Per thread, not per stream: a connection's two streams
-    run on one thread, and what is decrypted is copied out before the other one reads."""
-    view: memoryview | None = getattr(_local, "view", None)
+def _buffer(kind: str, size: int) -> memoryview:
+    """This thread's buffer of that kind: decrypted plaintext, or ciphertext off the socket. Per
+    thread, not per stream: a connection's two streams run on one thread, and what is in a
+    buffer is copied out (into the BIO, into bytes) before the other stream uses it."""
+    view: memoryview | None = getattr(_local, kind, None)
     if view is None:
-        view = _local.view = memoryview(bytearray(PLAIN))
+        view = memoryview(bytearray(size))
+        setattr(_local, kind, view)
     return view
 
 
