@@ -519,14 +519,18 @@ def _direct_body(
         ended = moved.ended
     else:
         ended = None
+        # Nothing to redact from a TLS upstream: the plaintext goes out from the thread's
+        # buffer it was decrypted into (tlsio.recv_view), not copied into bytes first.
+        viewed = src if isinstance(src, TlsStream) and not echo else None
         while left > 0:
-            data = src.recv(min(_chunk(src), left))
+            want = min(_chunk(src), left)
+            data = viewed.recv_view(want) if viewed is not None else src.recv(want)
             if not data:
                 ended = "eof"
                 break
             left -= len(data)
             rec.bytes_down += len(data)
-            out = redactor.feed(data)
+            out = data if isinstance(data, memoryview) else redactor.feed(data)
             if out:
                 dst.sendall(out)
         tail = redactor.flush()
