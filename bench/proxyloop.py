@@ -9,7 +9,12 @@ resumption. Events go to a list: the sink's share (the loop, attribution, the st
 these figures, which is what makes them steady enough to compare two versions of the proxy on a
 loaded machine. Per round: 1 GiB (``/bulk``), then ``SMALL`` keep-alive requests (``/small``)
 through the proxy and straight to the upstream (``direct``: the added round trip is the
-difference of the medians).
+difference of the medians). ``PROXYLOOP_NO_BULK=1``: the requests only;
+``PROXYLOOP_PROFILE=FILE``: the requests only, each connection under cProfile on thread CPU time
+(pstats dumped to FILE).
+
+Figures (2026-12-01, load 3-4 on 2 cores, paired and interleaved with main as it was): CPU a
+request 657 -> 468 µs, added round trip 654 -> 450 µs (flow.Judgements, tlsio's reads).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import socket
 import ssl
 import statistics
@@ -185,8 +191,10 @@ def main(rounds: int) -> dict[str, Any]:
             print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
         loop.listener.close()
+        loop.leaves.close()
         server.kill()
         server.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     keys = rows[0].keys()
     return {
         "rounds": rows,
