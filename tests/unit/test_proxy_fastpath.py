@@ -28,7 +28,7 @@ from sandgate.gateway.proxy.ca import make_ca
 from sandgate.gateway.proxy.credentials import Secret
 from sandgate.gateway.proxy.flow import ProxyGuest, Record
 from sandgate.gateway.proxy.server import Proxy
-from sandgate.gateway.proxy.tlsio import Stream
+from sandgate.gateway.proxy.tlsio import Stream, TlsStream
 from sandgate.net.compile import GuestLink
 from sandgate.policy.load import parse_policy
 from sandgate.policy.patterns import parse_pattern
@@ -422,3 +422,55 @@ def test_inspected_bodies_and_injection_through_memory_bios(
     assert direct == [BIG, BIG, BIG]  # the Content-Length bodies that bypassed h11 (and the cut)
     assert [e.verdict for e in events] == ["allow"] * 6
     assert len(up.heads) == 7  # one upstream connection carried the first five
+
+
+def test_inspected_bodies_with_nothing_to_redact_leave_from_the_decrypt_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No secret serves the host: a large inspected body goes out from the buffer it was
+    decrypted into (tlsio.recv_view), several on one connection and with requests between,
+    byte for byte; bytes past a body (the next response) are never taken for it."""
+    views: list[int] = []
+    real_view = TlsStream.recv_view
+
+    def watched(self: TlsStream, n: int = 1 << 18) -> memoryview:
+        got = real_view(self, n)
+        views.append(len(got))
+        return got
+
+    monkeypatch.setattr(TlsStream, "recv_view", watched)
+    up_ca = make_ca("upstream CA")
+    cert, key = up_ca.issue([NAME])
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    (tmp_path / "ca.pem").write_bytes(up_ca.cert_pem)
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
+    events: list[Event] = []
+    with upstream(server_tls) as up:
+        proxy = Proxy(lambda name: [LOOP], lambda k, e: events.append(e),
+                      ca_dir=tmp_path / "pca", extra_ca=[tmp_path / "ca.pem"])  # fmt: skip
+        real_dial = proxy._dial
+        proxy._dial = lambda a, p, n: real_dial(a, up.port, n)  # type: ignore[method-assign]
+        g = guest("open")
+
+        def handle(conn: socket.socket, peer: tuple[str, int]) -> None:
+            rec = Record(g, "transparent", peer, ("127.0.0.1", 443), port=443, tls="inspected")
+            proxy._serve_tls(conn, rec, NAME, None)
+
+        trust = ssl.create_default_context(cadata=proxy.ca_cert_pem().decode())
+        client = trust.wrap_socket(proxied(handle), server_hostname=NAME)
+        buf = bytearray()
+        sizes = (BIG, 10, BIG + 1, 70_000, BIG)
+        for n in sizes:
+            client.sendall(get(f"/cl/{n}"))
+            head, body = read_response(client, buf)
+            assert head.startswith(b"HTTP/1.1 200") and body == pattern(n), (n, len(body))
+        client.sendall(get(f"/cl/{BIG}") + get("/cl/3"))  # pipelined behind a big body
+        assert read_response(client, buf)[1] == pattern(BIG)
+        assert read_response(client, buf)[1] == pattern(3)
+        client.close()
+        settle()
+        proxy.close()
+    assert sum(views) > 3 * BIG  # the big bodies went this way
+    assert [e.details["bytes_down"] for e in events] == [*sizes, BIG, 3]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -86,6 +87,65 @@ def judge(
     judged = judge_answers(profile, name, port, answers, request=request, process=process)
     # An IPv6 answer is dialled only where decide() allowed it: where the uplink has IPv6.
     return Judged(judged.decision, judged.address, tuple(str(a) for a in answers))
+
+
+MEMO = 32  # verdicts a connection remembers (distinct targets, requests and processes)
+# A remembered verdict: the profile it was judged under, the name's answers (None: judged
+# without a lookup), the verdict.
+_Held = tuple[Profile, tuple[IPAddress, ...] | None, Judged]
+
+
+class Judgements:
+    """``judge`` for one connection, with its verdicts remembered: every request on a keep-alive
+    connection is still judged, but a request ``judge`` has already judged (the same profile
+    object, name, address, port, method and path as sent, process, and the same answers for the
+    name) gets the ``Judged`` it got then. Exact, not a heuristic: ``decide()`` is pure (no I/O,
+    no clock, no state) and a ``Profile`` is frozen; a reload or an approval swaps the guest's
+    profile for another object, which is judged afresh. The name is still resolved per request
+    (``Lookups``: per TTL) and an answer that changed is judged afresh too.
+
+    Why (bench/proxyloop.py, 2026-12-01): ``judge`` was the largest single cost of an inspected
+    request, ~100 of ~600 µs CPU on a loaded machine (two ``decide`` calls, rule strings)."""
+
+    def __init__(self, bound: int = MEMO) -> None:
+        self._bound = bound
+        self._held: OrderedDict[tuple[Any, ...], _Held] = OrderedDict()
+        self.hits = 0  # verdicts reused (tests read it)
+
+    def __call__(
+        self,
+        profile: Profile,
+        name: str | None,
+        address: IPAddress | None,
+        port: int,
+        resolve: Resolve,
+        request: tuple[str, str] | None = None,
+        process: Process = None,
+    ) -> Judged:
+        key = (name, address, port, request, process)
+        held = self._held.get(key)
+        answers: tuple[IPAddress, ...] | None = None  # read here already: judge() gets them
+        if held is not None and held[0] is profile:
+            if held[1] is not None:
+                answers = tuple(resolve(name or ""))
+            if held[1] is None or answers == held[1]:
+                # judged without a lookup (nothing it depends on can change), or same answers
+                self.hits += 1
+                self._held.move_to_end(key)
+                return held[2]
+        asked: list[tuple[IPAddress, ...]] = []
+
+        def recorded(n: str) -> list[IPAddress]:
+            got = tuple(resolve(n)) if answers is None else answers
+            asked.append(got)
+            return list(got)
+
+        judged = judge(profile, name, address, port, recorded, request, process)
+        self._held[key] = (profile, asked[0] if asked else None, judged)
+        self._held.move_to_end(key)
+        while len(self._held) > self._bound:
+            self._held.popitem(last=False)
+        return judged
 
 
 def _literal(name: str) -> IPAddress | None:

@@ -35,7 +35,15 @@ from sandgate.gateway.proxy.credentials import (
     rewrite_headers,
     same_lengths,
 )
-from sandgate.gateway.proxy.flow import Emit, Judged, ProxyGuest, Record, Resolve, judge
+from sandgate.gateway.proxy.flow import (
+    Emit,
+    Judged,
+    Judgements,
+    ProxyGuest,
+    Record,
+    Resolve,
+    judge,
+)
 from sandgate.gateway.proxy.tlsio import Stream, TlsStream
 from sandgate.policy.decide import Attempt, Reason, decide, deny
 from sandgate.policy.model import Protocol
@@ -82,6 +90,8 @@ class Ctx:
     on_connect: Callable[[socket.socket, Record, bytes], None] | None = None
     front: tuple[str, int] | None = None  # a fronted service: (address, port), plain HTTP
     idle: float = 120.0
+    # This connection's verdicts, remembered (flow.Judgements: exact, decide() is pure).
+    judge: Judgements = field(default_factory=Judgements)
 
 
 class _Peer:
@@ -246,17 +256,17 @@ def _one_request(
         port, dial_tls = ctx.front[1], None
         rec.port = port
         address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(ctx.front[0])
-        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
+        judged = ctx.judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
     elif _intercepted(ctx):
         # A host:port whose requests are judged (net/compile.py's intercept4): the request goes
         # where the guest sent it, judged by that address; the Host header does not steer it.
         address, port = ipaddress.ip_address(ctx.original_dst[0]), ctx.original_dst[1]
         rec.port = port
-        judged = judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
+        judged = ctx.judge(ctx.guest.profile, None, address, port, ctx.resolve, request, who)
     else:
-        judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
+        judged = ctx.judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
         if _asked(ctx, host, judged):
-            judged = judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
+            judged = ctx.judge(ctx.guest.profile, host, None, port, ctx.resolve, request, who)
     rec.decision = judged.decision
     if judged.address is None:
         _answer(
@@ -509,14 +519,18 @@ def _direct_body(
         ended = moved.ended
     else:
         ended = None
+        # Nothing to redact from a TLS upstream: the plaintext goes out from the thread's
+        # buffer it was decrypted into (tlsio.recv_view), not copied into bytes first.
+        viewed = src if isinstance(src, TlsStream) and not echo else None
         while left > 0:
-            data = src.recv(min(_chunk(src), left))
+            want = min(_chunk(src), left)
+            data = viewed.recv_view(want) if viewed is not None else src.recv(want)
             if not data:
                 ended = "eof"
                 break
             left -= len(data)
             rec.bytes_down += len(data)
-            out = redactor.feed(data)
+            out = data if isinstance(data, memoryview) else redactor.feed(data)
             if out:
                 dst.sendall(out)
         tail = redactor.flush()

@@ -32,7 +32,7 @@ class Stream(Protocol):
     """What http1.py reads and writes: a socket, or a ``TlsStream`` over one."""
 
     def recv(self, n: int, /) -> bytes: ...
-    def sendall(self, data: bytes, /) -> None: ...
+    def sendall(self, data: bytes | bytearray | memoryview, /) -> None: ...
     def settimeout(self, value: float | None, /) -> None: ...
     def fileno(self) -> int: ...
     def shutdown(self, how: int, /) -> None: ...
@@ -99,14 +99,12 @@ class TlsStream:
     def recv(self, n: int = PLAIN) -> bytes:
         """Up to ``n`` bytes of plaintext: every whole record already received, or the next
         ones to arrive (one blocking read). b"" at the end of the stream."""
-        while True:
-            got = self._decrypt(n)
-            if got:
-                return got
-            if self._eof:
-                return b""
-            if not self._fill():
-                return b""
+        return bytes(self._plaintext(n))
+
+    def recv_view(self, n: int = PLAIN) -> memoryview:
+        """``recv`` without the copy: the plaintext stays in this thread's buffer, valid until
+        this thread reads from any TlsStream again (a relay writes it out first)."""
+        return self._plaintext(n)
 
     def pending(self) -> int:
         """Plaintext or ciphertext held here that select() on the socket cannot see."""
@@ -153,13 +151,21 @@ class TlsStream:
 
     # -- inside -----------------------------------------------------------------------------------
 
-    def _decrypt(self, n: int) -> bytes:
-        """Every whole record held, up to ``n`` bytes, decrypted into one buffer (OpenSSL gives
-        one record per read: no bytes object per record, no join)."""
-        view = _buffer()
+    def _plaintext(self, n: int) -> memoryview:
+        while True:
+            got = self._decrypt(n)
+            if got or self._eof or not self._fill():
+                return got
+
+    def _decrypt(self, n: int) -> memoryview:
+        """Every whole record held, up to ``n`` bytes, decrypted into this thread's buffer
+        (OpenSSL gives one record per read: no bytes object per record, no join)."""
+        view = _buffer("plain", PLAIN)
         n = min(n, len(view))
         size = 0
         while size < n:
+            if not self._in.pending and not self.tls.pending():
+                break  # nothing held: SSL_read could only raise SSLWantReadError (~2.6 µs)
             try:
                 got: int = self.tls.read(n - size, view[size:n])  # type: ignore[assignment]
             except ssl.SSLWantReadError:
@@ -172,16 +178,17 @@ class TlsStream:
                 break
             size += got
         self._flush()  # a TLS 1.3 key update or ticket may want an answer
-        return bytes(view[:size])
+        return view[:size]
 
     def _fill(self) -> bool:
         """One read from the kernel into the incoming BIO; False at EOF."""
-        data = self.sock.recv(RAW)
-        if not data:
+        raw = _buffer("raw", RAW)  # recv(RAW) would allocate (and shrink) 256 KiB each time
+        got = self.sock.recv_into(raw)
+        if not got:
             self._eof = True
             self._in.write_eof()
             return False
-        self._in.write(data)
+        self._in.write(raw[:got])
         return True
 
     def _flush(self) -> None:
@@ -192,12 +199,14 @@ class TlsStream:
 _local = threading.local()
 
 
-def _buffer() -> memoryview:
-    """This thread's decryption buffer. Per thread, not per stream: a connection's two streams
-    run on one thread, and what is decrypted is copied out before the other one reads."""
-    view: memoryview | None = getattr(_local, "view", None)
+def _buffer(kind: str, size: int) -> memoryview:
+    """This thread's buffer of that kind: decrypted plaintext, or ciphertext off the socket. Per
+    thread, not per stream: a connection's two streams run on one thread, and what is in a
+    buffer is copied out (into the BIO, into bytes) before the other stream uses it."""
+    view: memoryview | None = getattr(_local, kind, None)
     if view is None:
-        view = _local.view = memoryview(bytearray(PLAIN))
+        view = memoryview(bytearray(size))
+        setattr(_local, kind, view)
     return view
 
 
