@@ -1,0 +1,133 @@
+"""What the process hold's lookup costs a flow: ``ProcessFinder.find`` CPU per new flow.
+
+    PYTHONPATH=. python -m bench.holdcost [FLOWS] [--json]        (root; bench/run's PYTHONPATH)
+
+Makes a namespace (sg-holdcost-PID, removed after) with loopback up, 20 idle processes (a
+sandbox's shells and helpers) and one client. Per flow the client opens a fresh UDP socket
+connected to 127.0.0.1:53 (no packet is sent), as glibc's stub resolver does per lookup, and
+the finder looks it up by its 5-tuple, as the hold does with a flow's first packet:
+
+- ``stub``: the same process, a new socket each flow (``pip install`` resolving names);
+- ``fork``: a new child process each flow (``curl`` per request, a shell loop).
+
+Prints CPU µs per flow (the calling thread's, ``time.thread_time``), p50 of five rounds, and
+the finder's counters. A lookup that finds no process is a failure (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from sandgate.gateway.logs.procattr import ProcessFinder
+
+CLIENT = r"""
+import os, socket, sys
+held = None
+for line in sys.stdin:
+    if held is not None:
+        held.close()
+    if line.startswith("fork"):
+        up_r, up_w = os.pipe()
+        down_r, down_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.connect(("127.0.0.1", 53))
+            os.write(up_w, b"%d\n" % s.getsockname()[1])
+            os.read(down_r, 1)  # hold the socket until the parent is told to go on
+            os._exit(0)
+        port = os.read(up_r, 64)
+        held = None
+        print(port.decode().strip(), flush=True)
+        sys.stdin.readline()
+        os.write(down_w, b"x")
+        os.waitpid(pid, 0)
+        for fd in (up_r, up_w, down_r, down_w):
+            os.close(fd)
+        continue
+    held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    held.connect(("127.0.0.1", 53))
+    print(held.getsockname()[1], flush=True)
+"""
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def measure(flows: int = 300, rounds: int = 5) -> dict[str, Any]:
+    ns = f"sg-holdcost-{os.getpid()}"
+    path = f"/run/netns/{ns}"
+    _run("ip", "netns", "add", ns)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        enter = ["ip", "netns", "exec", ns]
+        procs += [subprocess.Popen([*enter, "sleep", "600"]) for _ in range(20)]
+        client = subprocess.Popen(
+            [*enter, sys.executable, "-I", "-c", CLIENT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(client)
+        assert client.stdin is not None and client.stdout is not None
+        out: dict[str, Any] = {"flows": flows, "rounds": rounds, "modes": {}}
+        for mode in ("stub", "fork"):
+            per_round: list[float] = []
+            missed = 0
+            stats: dict[str, Any] = {}
+            for _ in range(rounds):
+                with ProcessFinder(os.stat(path).st_ino, None, netns_path=path) as finder:
+                    finder.prime()
+                    spent = 0.0
+                    for _ in range(flows):
+                        client.stdin.write(mode + "\n")
+                        client.stdin.flush()
+                        port = int(client.stdout.readline())
+                        began = time.thread_time()
+                        info = finder.find("udp", port, "127.0.0.1", 53, "127.0.0.1")
+                        spent += time.thread_time() - began
+                        missed += info is None
+                        if mode == "fork":
+                            client.stdin.write("go\n")
+                            client.stdin.flush()
+                    per_round.append(spent / flows * 1e6)
+                    stats = dict(vars(finder.stats))
+            out["modes"][mode] = {
+                "cpu_us_per_flow": round(statistics.median(per_round), 1),
+                "cpu_us_per_flow_rounds": [round(x, 1) for x in per_round],
+                "missed": missed,
+                "last_round": {k: (round(v, 4) if isinstance(v, float) else v)
+                               for k, v in stats.items()},
+            }
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        return out
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def main(argv: list[str]) -> int:
+    flows = int(next((a for a in argv if a.isdigit()), "300"))
+    result = measure(flows)
+    if "--json" in argv:
+        print(json.dumps(result))
+    else:
+        print(f"load average {result['load_average']}")
+        for mode, r in result["modes"].items():
+            print(f"{mode:5} {r['cpu_us_per_flow']:7.1f} µs CPU a flow  rounds "
+                  f"{r['cpu_us_per_flow_rounds']}  missed {r['missed']}")
+    return 1 if any(r["missed"] for r in result["modes"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
