@@ -3,7 +3,7 @@
     PYTHONPATH=. python -m bench.holdcost [FLOWS] [--json]        (root; bench/run's PYTHONPATH)
 
 Makes a namespace (sg-holdcost-PID, removed after) with loopback up, 20 idle processes (a
-sandbox's shells and helpers) and one client. Per flow the client opens a fresh UDP socket
+sandbox's shells and helpers) and one client three parents below the sandbox's root. Per flow the client opens a fresh UDP socket
 connected to 127.0.0.1:53 (no packet is sent), as glibc's stub resolver does per lookup, and
 the finder looks it up by its 5-tuple, as the hold does with a flow's first packet:
 
@@ -28,6 +28,13 @@ from sandgate.gateway.logs.procattr import ProcessFinder
 
 CLIENT = r"""
 import os, socket, sys
+if int(sys.argv[1]) > 0:  # a chain of parents above the client, as a shell and an agent make
+    pid = os.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-I", "-c", sys.argv[2],
+                                  str(int(sys.argv[1]) - 1), sys.argv[2]])
+    os.waitpid(pid, 0)
+    sys.exit(0)
 held = None
 for line in sys.stdin:
     if held is not None:
@@ -57,6 +64,9 @@ for line in sys.stdin:
 """
 
 
+DEPTH = 3  # parents between the sandbox's root and the client
+
+
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
@@ -71,7 +81,7 @@ def measure(flows: int = 300, rounds: int = 5) -> dict[str, Any]:
         enter = ["ip", "netns", "exec", ns]
         procs += [subprocess.Popen([*enter, "sleep", "600"]) for _ in range(20)]
         client = subprocess.Popen(
-            [*enter, sys.executable, "-I", "-c", CLIENT],
+            [*enter, sys.executable, "-I", "-c", CLIENT, str(DEPTH), CLIENT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -84,7 +94,8 @@ def measure(flows: int = 300, rounds: int = 5) -> dict[str, Any]:
             missed = 0
             stats: dict[str, Any] = {}
             for _ in range(rounds):
-                with ProcessFinder(os.stat(path).st_ino, None, netns_path=path) as finder:
+                inode = os.stat(path).st_ino
+                with ProcessFinder(inode, client.pid, netns_path=path) as finder:
                     finder.prime()
                     spent = 0.0
                     for _ in range(flows):
