@@ -91,6 +91,7 @@ class FinderStats:
     no_socket: int = 0  # the socket was gone (its process exited or closed it)
     no_holder: int = 0  # the socket existed, but no process of the sandbox held it any more
     cache_hits: int = 0
+    recent_hits: int = 0  # found in the process that held the last flow's socket
     processes_checked: int = 0  # ns/net inodes read
     fds_read: int = 0
     seconds: float = 0.0
@@ -98,6 +99,9 @@ class FinderStats:
     @property
     def share(self) -> float:
         return self.found / self.lookups if self.lookups else 0.0
+
+
+_RECENT = 4  # holders tried before the namespace's pid list
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,8 @@ class ProcessFinder:
         self._last: int | None = None  # ns_last_pid at the last look
         self._sockets: dict[int, _Hold] = {}  # socket inode -> holder
         self._exes: dict[tuple[int, int, str], str | None] = {}  # (pid, start, comm) -> exe
+        self._recent: list[int] = []  # the last holders found, most recent first
+        self._fds: dict[int, dict[str, int | None]] = {}  # pid -> fd -> socket inode (or None)
 
     def close(self) -> None:
         if self._diag is not None:
@@ -302,7 +308,7 @@ class ProcessFinder:
 
     def _last_pid(self) -> int | None:
         try:
-            return int(_read(f"{self._proc}/sys/kernel/ns_last_pid"))
+            return int(_read_record(f"{self._proc}/sys/kernel/ns_last_pid"))
         except (OSError, ValueError):
             return None
 
@@ -312,7 +318,7 @@ class ProcessFinder:
         if not self._in_netns(str(pid)):
             return
         try:
-            status = _read(f"{self._proc}/{pid}/status").decode(errors="replace")
+            status = _read_record(f"{self._proc}/{pid}/status").decode(errors="replace")
             tgid = next(int(ln.split()[1]) for ln in status.splitlines() if ln[:5] == "Tgid:")
             ino = os.stat(f"{self._proc}/{pid}").st_ino
         except (OSError, ValueError, StopIteration, IndexError):
@@ -335,10 +341,17 @@ class ProcessFinder:
         hold = self._sockets.get(inode)
         if hold is not None and self._link(hold.pid, hold.fd) == inode:
             self.stats.cache_hits += 1
-            return hold.pid
-        self._refresh(deep=False)
+            return self._held_by(hold.pid)
+        # A client with a socket per question (a stub resolver) or per request opens the next
+        # one in the process that held the last: look there first, before the pid list.
         scanned: set[int] = set()
-        found = self._scan(sorted(self._members, reverse=True), inode, scanned)
+        for pid in self._recent:
+            scanned.add(pid)
+            if self._scan_one(pid, inode):
+                self.stats.recent_hits += 1
+                return self._held_by(pid)
+        self._refresh(deep=False)
+        found = self._scan(sorted(self._members - scanned, reverse=True), inode, scanned)
         now = time.monotonic()
         if found is None and now >= self._deep_at:
             # A pid reused behind our back, a process that entered the namespace after we saw
@@ -347,35 +360,62 @@ class ProcessFinder:
             self._refresh(deep=True)
             rest = [pid for pid in sorted(self._members, reverse=True) if pid not in scanned]
             found = self._scan(rest, inode, scanned)
-        return found
+        return None if found is None else self._held_by(found)
+
+    def _held_by(self, pid: int) -> int:
+        if pid in self._recent:
+            self._recent.remove(pid)
+        self._recent.insert(0, pid)
+        del self._recent[_RECENT:]
+        return pid
 
     def _scan(self, pids: list[int], inode: int, scanned: set[int]) -> int | None:
-        if len(self._sockets) > _MAX_SOCKETS:
-            self._sockets.clear()
         for pid in pids:
             scanned.add(pid)
-            folder = f"{self._proc}/{pid}/fd"
+            if self._scan_one(pid, inode):
+                return pid
+        return None
+
+    def _scan_one(self, pid: int, inode: int) -> bool:
+        """Whether ``pid`` holds socket ``inode``; remembers the sockets it passes. The
+        descriptors that were sockets or new at the last look are read first (a new socket
+        mostly takes the number a closed one freed), and the reading stops at the socket."""
+        if len(self._sockets) > _MAX_SOCKETS:
+            self._sockets.clear()
+        if len(self._fds) > _MAX_SOCKETS // 64:
+            self._fds.clear()
+        folder = f"{self._proc}/{pid}/fd"
+        try:
+            fds = os.listdir(folder)
+        except FileNotFoundError:
+            self._members.discard(pid)  # gone (the probes never list /proc)
+            self._fds.pop(pid, None)
+            if pid in self._recent:
+                self._recent.remove(pid)
+            return False
+        except OSError:
+            return False
+        before = self._fds.get(pid, {})
+        fds.sort(key=lambda fd: fd in before and before[fd] is None)
+        now: dict[str, int | None] = {}
+        hit = False
+        for fd in fds:
+            self.stats.fds_read += 1
             try:
-                fds = os.listdir(folder)
-            except FileNotFoundError:
-                self._members.discard(pid)  # gone (the probes never list /proc)
-                continue
+                sock = parse_socket_link(os.readlink(f"{folder}/{fd}"))
             except OSError:
                 continue
-            hit = None
-            for fd in fds:
-                self.stats.fds_read += 1
-                try:
-                    sock = parse_socket_link(os.readlink(f"{folder}/{fd}"))
-                except OSError:
-                    continue
-                if sock is not None:
-                    self._sockets[sock] = _Hold(pid, fd)
-                    if sock == inode:
-                        hit = pid
-            if hit is not None:
-                return hit
-        return None
+            now[fd] = sock
+            if sock is not None:
+                self._sockets[sock] = _Hold(pid, fd)
+                if sock == inode:
+                    hit = True
+                    break
+        if hit:  # the descriptors not read keep what they were
+            listed = set(fds)
+            now = {fd: sock for fd, sock in {**before, **now}.items() if fd in listed}
+        self._fds[pid] = now
+        return hit
 
     def _in_tree(self, pid: int) -> bool:
         return pid in self._members or bool(self._in_netns(str(pid)))
@@ -387,7 +427,7 @@ class ProcessFinder:
 
     def _stat(self, pid: int) -> ProcStat | None:
         with contextlib.suppress(OSError, ValueError):
-            return parse_stat(_read(f"{self._proc}/{pid}/stat").decode(errors="replace"))
+            return parse_stat(_read_record(f"{self._proc}/{pid}/stat").decode(errors="replace"))
         return None
 
     def _exe(self, pid: int) -> str | None:
@@ -399,7 +439,7 @@ class ProcessFinder:
         exe = self._exe(pid)
         cmdline: list[str] = []
         with contextlib.suppress(OSError):
-            cmdline = parse_cmdline(_read(f"{self._proc}/{pid}/cmdline"))
+            cmdline = parse_cmdline(_read_record(f"{self._proc}/{pid}/cmdline"))
         chain: list[tuple[int, str]] = []
         exes: list[str] = []
         reached = False
@@ -435,6 +475,22 @@ class ProcessFinder:
             self._exes[key] = self._exe(st.pid)
         exe = self._exes[key]
         return exe if exe is not None else st.comm
+
+
+def _read_record(path: str) -> bytes:
+    """A /proc file the kernel writes whole on the first read (stat, status, cmdline, a
+    sysctl): one read, not two; a read that fills the buffer goes on as ``_read``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        first = os.read(fd, 16384)
+        if len(first) < 16384:
+            return first
+        parts = [first]
+        while chunk := os.read(fd, 65536):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 def _read(path: str) -> bytes:
