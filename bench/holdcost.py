@@ -3,9 +3,10 @@
     PYTHONPATH=. python -m bench.holdcost [FLOWS] [--json]        (root; bench/run's PYTHONPATH)
 
 Makes a namespace (sg-holdcost-PID, removed after) with loopback up, 20 idle processes (a
-sandbox's shells and helpers) and one client three parents below the sandbox's root. Per flow the client opens a fresh UDP socket
-connected to 127.0.0.1:53 (no packet is sent), as glibc's stub resolver does per lookup, and
-the finder looks it up by its 5-tuple, as the hold does with a flow's first packet:
+sandbox's shells and helpers) and one client three parents below the sandbox's root. Per flow
+the client opens a fresh UDP socket connected to 127.0.0.1:53 (no packet is sent), as glibc's
+stub resolver does per lookup, and the finder looks it up by its 5-tuple, as the hold does
+with a flow's first packet:
 
 - ``stub``: the same process, a new socket each flow (``pip install`` resolving names);
 - ``fork``: a new child process each flow (``curl`` per request, a shell loop).
@@ -75,7 +76,7 @@ def measure(flows: int = 300, rounds: int = 5) -> dict[str, Any]:
     ns = f"sg-holdcost-{os.getpid()}"
     path = f"/run/netns/{ns}"
     _run("ip", "netns", "add", ns)
-    procs: list[subprocess.Popen[str]] = []
+    procs: list[subprocess.Popen[Any]] = []
     try:
         _run("ip", "-n", ns, "link", "set", "lo", "up")
         enter = ["ip", "netns", "exec", ns]
@@ -115,8 +116,9 @@ def measure(flows: int = 300, rounds: int = 5) -> dict[str, Any]:
                 "cpu_us_per_flow": round(statistics.median(per_round), 1),
                 "cpu_us_per_flow_rounds": [round(x, 1) for x in per_round],
                 "missed": missed,
-                "last_round": {k: (round(v, 4) if isinstance(v, float) else v)
-                               for k, v in stats.items()},
+                "last_round": {
+                    k: (round(v, 4) if isinstance(v, float) else v) for k, v in stats.items()
+                },
             }
         out["load_average"] = [round(x, 2) for x in os.getloadavg()]
         return out
@@ -135,8 +137,10 @@ def main(argv: list[str]) -> int:
     else:
         print(f"load average {result['load_average']}")
         for mode, r in result["modes"].items():
-            print(f"{mode:5} {r['cpu_us_per_flow']:7.1f} µs CPU a flow  rounds "
-                  f"{r['cpu_us_per_flow_rounds']}  missed {r['missed']}")
+            print(
+                f"{mode:5} {r['cpu_us_per_flow']:7.1f} µs CPU a flow  rounds "
+                f"{r['cpu_us_per_flow_rounds']}  missed {r['missed']}"
+            )
     return 1 if any(r["missed"] for r in result["modes"].values()) else 0
 
 

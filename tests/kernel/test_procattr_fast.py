@@ -183,7 +183,9 @@ def driver() -> Iterator[Driver]:
             d.proc.kill()
             d.proc.wait()
         # the driver's children are killed with the namespace's processes
-        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        pids = subprocess.run(
+            ["ip", "netns", "pids", ns], check=False, capture_output=True, text=True
+        )
         for pid in pids.stdout.split():
             subprocess.run(["kill", "-9", pid], check=False)
         subprocess.run(["ip", "netns", "del", ns], check=False)
