@@ -338,16 +338,19 @@ class ProcessFinder:
             return None
 
     def _holder(self, inode: int) -> int | None:
+        # Found without the pid list, a holder is checked as the list's members are: in the
+        # guest's namespace (a pid reused by a process of the host is not one).
         hold = self._sockets.get(inode)
         if hold is not None and self._link(hold.pid, hold.fd) == inode:
-            self.stats.cache_hits += 1
-            return self._held_by(hold.pid)
+            if self._in_netns(str(hold.pid)):
+                self.stats.cache_hits += 1
+                return self._held_by(hold.pid)
         # A client with a socket per question (a stub resolver) or per request opens the next
         # one in the process that held the last: look there first, before the pid list.
         scanned: set[int] = set()
-        for pid in self._recent:
+        for pid in list(self._recent):
             scanned.add(pid)
-            if self._scan_one(pid, inode):
+            if self._scan_one(pid, inode) and self._in_netns(str(pid)):
                 self.stats.recent_hits += 1
                 return self._held_by(pid)
         self._refresh(deep=False)
