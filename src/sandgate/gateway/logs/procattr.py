@@ -38,6 +38,7 @@ import errno
 import ipaddress
 import os
 import socket
+import struct
 import time
 from dataclasses import dataclass
 
@@ -102,6 +103,7 @@ class FinderStats:
 
 
 _RECENT = 4  # holders tried before the namespace's pid list
+_ONE_SECOND = struct.pack("@ll", 1, 0)  # struct timeval
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,7 @@ class ProcessFinder:
         self._members: set[int] = set()
         self._deep_at = 0.0
         self._last: int | None = None  # ns_last_pid at the last look
+        self._pending: list[int] = []  # pids handed out before it, not probed yet
         self._sockets: dict[int, _Hold] = {}  # socket inode -> holder
         self._exes: dict[tuple[int, int, str], str | None] = {}  # (pid, start, comm) -> exe
         self._recent: list[int] = []  # the last holders found, most recent first
@@ -245,7 +248,13 @@ class ProcessFinder:
                 try:
                     if os.fstat(fd).st_ino != self.netns_inode:
                         continue  # the pid has moved or been reused since
-                    self._diag = run_in_netns(f"/proc/self/fd/{fd}", sockdiag.open_socket)
+                    sock = run_in_netns(f"/proc/self/fd/{fd}", sockdiag.open_socket)
+                    # The same 1 s bound from the kernel: a socket with a Python timeout
+                    # polls before each send and recv, two system calls a flow more.
+                    sock.settimeout(None)
+                    for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                        sock.setsockopt(socket.SOL_SOCKET, opt, _ONE_SECOND)
+                    self._diag = sock
                     return self._diag
                 finally:
                     os.close(fd)
@@ -284,8 +293,9 @@ class ProcessFinder:
         """
         last, before = self._last_pid(), self._last
         self._last = last
+        pending, self._pending = self._pending, []
         if not deep and last is not None and before is not None and 0 <= last - before <= 32:
-            for pid in range(before + 1, last + 1):
+            for pid in [*pending, *range(before + 1, last + 1)]:
                 self._probe(pid)
             return
         old = {} if deep else self._known
@@ -312,20 +322,41 @@ class ProcessFinder:
         except (OSError, ValueError):
             return None
 
-    def _probe(self, pid: int) -> None:
+    def _probe(self, pid: int) -> bool:
         """A pid handed out since the last look: a member if it is a process (not a thread)
-        of the namespace."""
+        of the namespace. Whether it is one."""
         if not self._in_netns(str(pid)):
-            return
+            return False
         try:
             status = _read_record(f"{self._proc}/{pid}/status").decode(errors="replace")
             tgid = next(int(ln.split()[1]) for ln in status.splitlines() if ln[:5] == "Tgid:")
             ino = os.stat(f"{self._proc}/{pid}").st_ino
         except (OSError, ValueError, StopIteration, IndexError):
-            return
+            return False
         if tgid == pid:
             self._known[(str(pid), ino)] = True
             self._members.add(pid)
+        return tgid == pid
+
+    def _newest(self, inode: int, scanned: set[int]) -> int | None:
+        """The holder among the pids handed out since the last look, newest first (a socket
+        of a new flow is mostly a new process's), stopping at it: the older ones stay pending
+        for the next ``_refresh``. None: not among them, or too many for probing."""
+        last, before = self._last_pid(), self._last
+        if last is None or before is None or not 0 <= last - before <= 32:
+            return None  # _refresh lists /proc
+        if len(self._pending) > 256:
+            self._last, self._pending = None, []  # the next _refresh lists /proc
+            return None
+        self._last = last
+        new = range(last, before, -1)
+        for i, pid in enumerate(new):
+            if self._probe(pid):
+                scanned.add(pid)
+                if self._scan_one(pid, inode):
+                    self._pending.extend(new[i + 1 :])
+                    return pid
+        return None
 
     def _in_netns(self, pid: str) -> bool | None:
         """Whether ``pid`` is in the guest's namespace; None when it is gone."""
@@ -341,10 +372,13 @@ class ProcessFinder:
         # Found without the pid list, a holder is checked as the list's members are: in the
         # guest's namespace (a pid reused by a process of the host is not one).
         hold = self._sockets.get(inode)
-        if hold is not None and self._link(hold.pid, hold.fd) == inode:
-            if self._in_netns(str(hold.pid)):
-                self.stats.cache_hits += 1
-                return self._held_by(hold.pid)
+        if (
+            hold is not None
+            and self._link(hold.pid, hold.fd) == inode
+            and self._in_netns(str(hold.pid))
+        ):
+            self.stats.cache_hits += 1
+            return self._held_by(hold.pid)
         # A client with a socket per question (a stub resolver) or per request opens the next
         # one in the process that held the last: look there first, before the pid list.
         scanned: set[int] = set()
@@ -353,7 +387,10 @@ class ProcessFinder:
             if self._scan_one(pid, inode) and self._in_netns(str(pid)):
                 self.stats.recent_hits += 1
                 return self._held_by(pid)
-        self._refresh(deep=False)
+        found = self._newest(inode, scanned)
+        if found is not None:
+            return self._held_by(found)
+        self._refresh(deep=False)  # what _newest left pending, or /proc listed
         found = self._scan(sorted(self._members - scanned, reverse=True), inode, scanned)
         now = time.monotonic()
         if found is None and now >= self._deep_at:
@@ -462,6 +499,8 @@ class ProcessFinder:
         if self.root_pid is None:
             reached = bool(chain)
         elif not reached:
+            if self._pending:
+                self._refresh(deep=False)  # the members are needed whole here
             kept = [i for i, c in enumerate(chain) if c[0] in self._members]
             chain, exes = [chain[i] for i in kept], [exes[i] for i in kept]
         names: list[str | None] = [os.path.basename(e) for e in exes]
