@@ -549,3 +549,21 @@ def test_the_last_holder_is_tried_first_and_a_reused_pid_is_described_anew(
         ProcessFinder(fake.inode, 100, proc=str(fake.root)).find("tcp", 40000, "10.79.0.1", 80)
         is None
     )
+
+
+def test_new_pids_newest_first_the_rest_pending(fake: FakeProc) -> None:
+    fake.last_pid(200)
+    finder = ProcessFinder(fake.inode, 100, proc=str(fake.root))
+    assert finder.processes() == [103, 102, 101, 100]
+    (fake.root / "103" / "fd" / "3").unlink()
+    fake.add(201, "sh", 102, "/usr/bin/dash")
+    fake.add(202, "sleep", 201, "/usr/bin/sleep")
+    fake.add(203, "curl", 201, "/usr/bin/curl", {3: "socket:[555]"})
+    fake.last_pid(203)
+    # as sock_diag answers (the fake has no /proc/net read then, which would list the pids)
+    finder.socket_inode = lambda *_: (555, 61000)  # type: ignore[method-assign]
+    checked = finder.stats.processes_checked
+    info = finder.find("tcp", 40000, "10.79.0.1", 80, "10.79.0.2")
+    assert info is not None and [p for p, _ in info.chain] == [203, 201, 102, 101, 100]
+    assert finder.stats.processes_checked - checked == 1  # 203 alone; 201 and 202 wait
+    assert finder.processes() == [203, 202, 201, 103, 102, 101, 100]
