@@ -8,9 +8,13 @@ The guest's namespace logs each new outbound flow with its uid (net/compile.py
    netlink round trip, ~25 µs. (``/proc/PID/net/tcp`` costs 1.7-3.5 ms per read here: the
    kernel walks the host-wide TCP hash, 262,144 buckets, whatever the namespace holds. It is
    the fallback, ``parse_proc_net``, for callers that do not know the source address.)
-2. finds which process of the sandbox holds ``socket:[inode]`` in ``/proc/PID/fd``, newest pid
-   first, remembering every socket it passes (inode -> pid, fd: a socket sending again is
-   found without a scan);
+2. finds which process of the sandbox holds ``socket:[inode]`` in ``/proc/PID/fd``: first the
+   last four holders (a stub resolver's next socket is in the process that held its last), each
+   one's descriptors that were sockets or new at the last look read first, stopping at the
+   socket; then the pids handed out since the last look, newest first, stopping at the holder
+   (the older stay pending for the next look); then every member, newest first. It remembers
+   every socket it passes (inode -> pid, fd: a socket sending again is found without a scan).
+   A holder found without the pid list must still be in the namespace (a reused pid);
 3. walks the parent chain up to the sandbox's root and names the ``Role``.
 
 The sandbox's processes are those whose ``/proc/PID/ns/net`` is the guest's namespace. Pids
