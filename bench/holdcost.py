@@ -72,7 +72,9 @@ def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
 
-def measure(flows: int = 300, rounds: int = 5) -> dict[str, Any]:
+def measure(
+    flows: int = 300, rounds: int = 5, modes: tuple[str, ...] = ("stub", "fork")
+) -> dict[str, Any]:
     ns = f"sg-holdcost-{os.getpid()}"
     path = f"/run/netns/{ns}"
     _run("ip", "netns", "add", ns)
@@ -90,7 +92,7 @@ def measure(flows: int = 300, rounds: int = 5) -> dict[str, Any]:
         procs.append(client)
         assert client.stdin is not None and client.stdout is not None
         out: dict[str, Any] = {"flows": flows, "rounds": rounds, "modes": {}}
-        for mode in ("stub", "fork"):
+        for mode in modes:
             per_round: list[float] = []
             missed = 0
             stats: dict[str, Any] = {}
