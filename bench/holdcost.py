@@ -1,6 +1,6 @@
 """What the process hold's lookup costs a flow: ``ProcessFinder.find`` CPU per new flow.
 
-    PYTHONPATH=. python -m bench.holdcost [FLOWS] [--json]        (root; bench/run's PYTHONPATH)
+    PYTHONPATH=src:. python -m bench.holdcost [FLOWS] [--json] [--against PROCATTR_PY]   (root)
 
 Makes a namespace (sg-holdcost-PID, removed after) with loopback up, 20 idle processes (a
 sandbox's shells and helpers) and one client three parents below the sandbox's root. Per flow
@@ -13,11 +13,14 @@ with a flow's first packet:
 
 Prints CPU µs per flow (the calling thread's, ``time.thread_time``), p50 of five rounds, the
 finder's counters, and its /proc calls a flow (one more round, counted: a figure the machine's
-load does not move). A lookup that finds no process is a failure (exit 1).
+load does not move). ``--against`` loads another copy of gateway/logs/procattr.py and
+alternates its rounds with this one's (11 each), for a paired before/after on a busy machine.
+A lookup that finds no process is a failure (exit 1).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
@@ -77,7 +80,7 @@ _COUNTED = ("open", "read", "close", "readlink", "stat", "listdir", "scandir")
 
 
 def _proc_calls(
-    client: subprocess.Popen[str], mode: str, flows: int, path: str
+    client: subprocess.Popen[str], mode: str, flows: int, path: str, kind: type[ProcessFinder]
 ) -> dict[str, float]:
     """One more round, counting the finder's file-system calls a flow (os.open, read, stat...;
     the diag socket's send and recv, two a flow, are not counted). Unlike CPU time, the
@@ -95,7 +98,7 @@ def _proc_calls(
 
         return call
 
-    with ProcessFinder(os.stat(path).st_ino, client.pid, netns_path=path) as finder:
+    with kind(os.stat(path).st_ino, client.pid, netns_path=path) as finder:
         finder.prime()
         try:
             for name in _COUNTED:
@@ -118,9 +121,51 @@ def _proc_calls(
     return per
 
 
+def _older(path: str) -> type[ProcessFinder]:
+    """``ProcessFinder`` from another copy of gateway/logs/procattr.py (e.g. main's, saved with
+    ``git show main:src/sandgate/gateway/logs/procattr.py``), for paired runs."""
+    spec = importlib.util.spec_from_file_location("_procattr_against", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    kind: type[ProcessFinder] = module.ProcessFinder
+    return kind
+
+
+def _round(
+    kind: type[ProcessFinder], client: subprocess.Popen[str], mode: str, flows: int, path: str
+) -> tuple[float, int, dict[str, Any]]:
+    """CPU µs a flow of one round with a new finder, the flows it missed, its counters."""
+    assert client.stdin is not None and client.stdout is not None
+    missed = 0
+    with kind(os.stat(path).st_ino, client.pid, netns_path=path) as finder:
+        finder.prime()
+        spent = 0.0
+        for _ in range(flows):
+            client.stdin.write(mode + "\n")
+            client.stdin.flush()
+            port = int(client.stdout.readline())
+            began = time.thread_time()
+            info = finder.find("udp", port, "127.0.0.1", 53, "127.0.0.1")
+            spent += time.thread_time() - began
+            missed += info is None
+            if mode == "fork":
+                client.stdin.write("go\n")
+                client.stdin.flush()
+        return spent / flows * 1e6, missed, dict(vars(finder.stats))
+
+
 def measure(
-    flows: int = 300, rounds: int = 5, modes: tuple[str, ...] = ("stub", "fork")
+    flows: int = 300,
+    rounds: int = 5,
+    modes: tuple[str, ...] = ("stub", "fork"),
+    against: str | None = None,
 ) -> dict[str, Any]:
+    """``against``: another procattr.py, whose rounds alternate with this one's."""
+    kinds: dict[str, type[ProcessFinder]] = {"this": ProcessFinder}
+    if against is not None:
+        kinds["against"] = _older(against)
     ns = f"sg-holdcost-{os.getpid()}"
     path = f"/run/netns/{ns}"
     _run("ip", "netns", "add", ns)
@@ -139,37 +184,33 @@ def measure(
         assert client.stdin is not None and client.stdout is not None
         out: dict[str, Any] = {"flows": flows, "rounds": rounds, "modes": {}}
         for mode in modes:
-            per_round: list[float] = []
+            per_round: dict[str, list[float]] = {label: [] for label in kinds}
             missed = 0
             stats: dict[str, Any] = {}
-            for _ in range(rounds):
-                inode = os.stat(path).st_ino
-                with ProcessFinder(inode, client.pid, netns_path=path) as finder:
-                    finder.prime()
-                    spent = 0.0
-                    for _ in range(flows):
-                        client.stdin.write(mode + "\n")
-                        client.stdin.flush()
-                        port = int(client.stdout.readline())
-                        began = time.thread_time()
-                        info = finder.find("udp", port, "127.0.0.1", 53, "127.0.0.1")
-                        spent += time.thread_time() - began
-                        missed += info is None
-                        if mode == "fork":
-                            client.stdin.write("go\n")
-                            client.stdin.flush()
-                    per_round.append(spent / flows * 1e6)
-                    stats = dict(vars(finder.stats))
-            calls = _proc_calls(client, mode, flows, path)
+            for i in range(rounds):
+                order = list(kinds.items())
+                for label, kind in order if i % 2 == 0 else order[::-1]:
+                    cpu, lost, counters = _round(kind, client, mode, flows, path)
+                    per_round[label].append(cpu)
+                    missed += lost
+                    if label == "this":
+                        stats = counters
+            result: dict[str, Any] = {}
+            for label, kind in kinds.items():
+                result[label] = {
+                    "proc_calls_per_flow": _proc_calls(client, mode, flows, path, kind),
+                    "cpu_us_per_flow": round(statistics.median(per_round[label]), 1),
+                    "cpu_us_per_flow_rounds": [round(x, 1) for x in per_round[label]],
+                }
             out["modes"][mode] = {
-                "proc_calls_per_flow": calls,
-                "cpu_us_per_flow": round(statistics.median(per_round), 1),
-                "cpu_us_per_flow_rounds": [round(x, 1) for x in per_round],
+                **result["this"],
                 "missed": missed,
                 "last_round": {
                     k: (round(v, 4) if isinstance(v, float) else v) for k, v in stats.items()
                 },
             }
+            if "against" in result:
+                out["modes"][mode]["against"] = result["against"]
         out["load_average"] = [round(x, 2) for x in os.getloadavg()]
         return out
     finally:
@@ -181,7 +222,8 @@ def measure(
 
 def main(argv: list[str]) -> int:
     flows = int(next((a for a in argv if a.isdigit()), "300"))
-    result = measure(flows)
+    against = argv[argv.index("--against") + 1] if "--against" in argv else None
+    result = measure(flows, 11 if against else 5, against=against)
     if "--json" in argv:
         print(json.dumps(result))
     else:
@@ -192,6 +234,12 @@ def main(argv: list[str]) -> int:
                 f"{r['cpu_us_per_flow_rounds']}  missed {r['missed']}  /proc calls a flow "
                 f"{r['proc_calls_per_flow']}"
             )
+            if "against" in r:
+                a = r["against"]
+                print(
+                    f"  against {a['cpu_us_per_flow']:7.1f} µs CPU a flow  rounds "
+                    f"{a['cpu_us_per_flow_rounds']}  /proc calls a flow {a['proc_calls_per_flow']}"
+                )
     return 1 if any(r["missed"] for r in result["modes"].values()) else 0
 
 

@@ -346,12 +346,11 @@ class ProcessFinder:
         """The holder among the pids handed out since the last look, newest first (a socket
         of a new flow is mostly a new process's), stopping at it: the older ones stay pending
         for the next ``_refresh``. None: not among them, or too many for probing."""
+        if len(self._pending) > 32:
+            return None  # _refresh probes them (as many as it would have had to anyway)
         last, before = self._last_pid(), self._last
         if last is None or before is None or not 0 <= last - before <= 32:
             return None  # _refresh lists /proc
-        if len(self._pending) > 256:
-            self._last, self._pending = None, []  # the next _refresh lists /proc
-            return None
         self._last = last
         new = range(last, before, -1)
         for i, pid in enumerate(new):
