@@ -516,3 +516,54 @@ def test_new_pids_are_probed_without_listing(fake: FakeProc) -> None:
     fake.last_pid(203)
     assert finder.find("tcp", 40000, "10.79.0.1", 80) is not None
     assert 201 not in finder.processes()
+
+
+def test_the_last_holder_is_tried_first_and_a_reused_pid_is_described_anew(
+    fake: FakeProc,
+) -> None:
+    finder = ProcessFinder(fake.inode, 100, proc=str(fake.root))
+    first = finder.find("tcp", 40000, "10.79.0.1", 80)
+    assert first is not None and first.pid == 103
+    # the socket under another number (as a stub resolver's next one): the last holder first
+    (fake.root / "103" / "fd" / "3").unlink()
+    (fake.root / "103" / "fd" / "7").symlink_to("socket:[555]")
+    read = finder.stats.fds_read
+    again = finder.find("tcp", 40000, "10.79.0.1", 80)
+    assert again == first and finder.stats.recent_hits == 1
+    assert finder.stats.fds_read - read == 1  # the new descriptor read first, then no more
+    # (b) the pid reused by a new process (another start, another program) of the guest
+    fake.replace(103)
+    fake.add(103, "wget", 102, "/usr/bin/wget", {3: "socket:[555]"}, ["wget", "x"])
+    reused = finder.find("tcp", 40000, "10.79.0.1", 80)
+    assert reused is not None
+    assert (reused.exe, reused.cmdline, reused.chain[0]) == (
+        "/usr/bin/wget",
+        ["wget", "x"],
+        (103, "wget"),
+    )
+    # ... and by a process of the host: not the guest's, as a cold lookup says
+    fake.remove(103)
+    fake.add(103, "sshd", 1, "/usr/sbin/sshd", {3: "socket:[555]"}, guest=False)
+    assert finder.find("tcp", 40000, "10.79.0.1", 80) is None
+    assert (
+        ProcessFinder(fake.inode, 100, proc=str(fake.root)).find("tcp", 40000, "10.79.0.1", 80)
+        is None
+    )
+
+
+def test_new_pids_newest_first_the_rest_pending(fake: FakeProc) -> None:
+    fake.last_pid(200)
+    finder = ProcessFinder(fake.inode, 100, proc=str(fake.root))
+    assert finder.processes() == [103, 102, 101, 100]
+    (fake.root / "103" / "fd" / "3").unlink()
+    fake.add(201, "sh", 102, "/usr/bin/dash")
+    fake.add(202, "sleep", 201, "/usr/bin/sleep")
+    fake.add(203, "curl", 201, "/usr/bin/curl", {3: "socket:[555]"})
+    fake.last_pid(203)
+    # as sock_diag answers (the fake has no /proc/net read then, which would list the pids)
+    finder.socket_inode = lambda *_: (555, 61000)  # type: ignore[method-assign]
+    checked = finder.stats.processes_checked
+    info = finder.find("tcp", 40000, "10.79.0.1", 80, "10.79.0.2")
+    assert info is not None and [p for p, _ in info.chain] == [203, 201, 102, 101, 100]
+    assert finder.stats.processes_checked - checked == 1  # 203 alone; 201 and 202 wait
+    assert finder.processes() == [203, 202, 201, 103, 102, 101, 100]

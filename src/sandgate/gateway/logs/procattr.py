@@ -8,9 +8,13 @@ The guest's namespace logs each new outbound flow with its uid (net/compile.py
    netlink round trip, ~25 µs. (``/proc/PID/net/tcp`` costs 1.7-3.5 ms per read here: the
    kernel walks the host-wide TCP hash, 262,144 buckets, whatever the namespace holds. It is
    the fallback, ``parse_proc_net``, for callers that do not know the source address.)
-2. finds which process of the sandbox holds ``socket:[inode]`` in ``/proc/PID/fd``, newest pid
-   first, remembering every socket it passes (inode -> pid, fd: a socket sending again is
-   found without a scan);
+2. finds which process of the sandbox holds ``socket:[inode]`` in ``/proc/PID/fd``: first the
+   last four holders (a stub resolver's next socket is in the process that held its last), each
+   one's descriptors that were sockets or new at the last look read first, stopping at the
+   socket; then the pids handed out since the last look, newest first, stopping at the holder
+   (the older stay pending for the next look); then every member, newest first. It remembers
+   every socket it passes (inode -> pid, fd: a socket sending again is found without a scan).
+   A holder found without the pid list must still be in the namespace (a reused pid);
 3. walks the parent chain up to the sandbox's root and names the ``Role``.
 
 The sandbox's processes are those whose ``/proc/PID/ns/net`` is the guest's namespace. Pids
@@ -38,6 +42,7 @@ import errno
 import ipaddress
 import os
 import socket
+import struct
 import time
 from dataclasses import dataclass
 
@@ -91,6 +96,7 @@ class FinderStats:
     no_socket: int = 0  # the socket was gone (its process exited or closed it)
     no_holder: int = 0  # the socket existed, but no process of the sandbox held it any more
     cache_hits: int = 0
+    recent_hits: int = 0  # found in the process that held the last flow's socket
     processes_checked: int = 0  # ns/net inodes read
     fds_read: int = 0
     seconds: float = 0.0
@@ -98,6 +104,10 @@ class FinderStats:
     @property
     def share(self) -> float:
         return self.found / self.lookups if self.lookups else 0.0
+
+
+_RECENT = 4  # holders tried before the namespace's pid list
+_ONE_SECOND = struct.pack("@ll", 1, 0)  # struct timeval
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +147,11 @@ class ProcessFinder:
         self._members: set[int] = set()
         self._deep_at = 0.0
         self._last: int | None = None  # ns_last_pid at the last look
+        self._pending: list[int] = []  # pids handed out before it, not probed yet
         self._sockets: dict[int, _Hold] = {}  # socket inode -> holder
         self._exes: dict[tuple[int, int, str], str | None] = {}  # (pid, start, comm) -> exe
+        self._recent: list[int] = []  # the last holders found, most recent first
+        self._fds: dict[int, dict[str, int | None]] = {}  # pid -> fd -> socket inode (or None)
 
     def close(self) -> None:
         if self._diag is not None:
@@ -239,7 +252,13 @@ class ProcessFinder:
                 try:
                     if os.fstat(fd).st_ino != self.netns_inode:
                         continue  # the pid has moved or been reused since
-                    self._diag = run_in_netns(f"/proc/self/fd/{fd}", sockdiag.open_socket)
+                    sock = run_in_netns(f"/proc/self/fd/{fd}", sockdiag.open_socket)
+                    # The same 1 s bound from the kernel: a socket with a Python timeout
+                    # polls before each send and recv, two system calls a flow more.
+                    sock.settimeout(None)
+                    for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                        sock.setsockopt(socket.SOL_SOCKET, opt, _ONE_SECOND)
+                    self._diag = sock
                     return self._diag
                 finally:
                     os.close(fd)
@@ -278,8 +297,9 @@ class ProcessFinder:
         """
         last, before = self._last_pid(), self._last
         self._last = last
+        pending, self._pending = self._pending, []
         if not deep and last is not None and before is not None and 0 <= last - before <= 32:
-            for pid in range(before + 1, last + 1):
+            for pid in [*pending, *range(before + 1, last + 1)]:
                 self._probe(pid)
             return
         old = {} if deep else self._known
@@ -302,24 +322,44 @@ class ProcessFinder:
 
     def _last_pid(self) -> int | None:
         try:
-            return int(_read(f"{self._proc}/sys/kernel/ns_last_pid"))
+            return int(_read_record(f"{self._proc}/sys/kernel/ns_last_pid"))
         except (OSError, ValueError):
             return None
 
-    def _probe(self, pid: int) -> None:
+    def _probe(self, pid: int) -> bool:
         """A pid handed out since the last look: a member if it is a process (not a thread)
-        of the namespace."""
+        of the namespace. Whether it is one."""
         if not self._in_netns(str(pid)):
-            return
+            return False
         try:
-            status = _read(f"{self._proc}/{pid}/status").decode(errors="replace")
+            status = _read_record(f"{self._proc}/{pid}/status").decode(errors="replace")
             tgid = next(int(ln.split()[1]) for ln in status.splitlines() if ln[:5] == "Tgid:")
             ino = os.stat(f"{self._proc}/{pid}").st_ino
         except (OSError, ValueError, StopIteration, IndexError):
-            return
+            return False
         if tgid == pid:
             self._known[(str(pid), ino)] = True
             self._members.add(pid)
+        return tgid == pid
+
+    def _newest(self, inode: int, scanned: set[int]) -> int | None:
+        """The holder among the pids handed out since the last look, newest first (a socket
+        of a new flow is mostly a new process's), stopping at it: the older ones stay pending
+        for the next ``_refresh``. None: not among them, or too many for probing."""
+        if len(self._pending) > 32:
+            return None  # _refresh probes them (as many as it would have had to anyway)
+        last, before = self._last_pid(), self._last
+        if last is None or before is None or not 0 <= last - before <= 32:
+            return None  # _refresh lists /proc
+        self._last = last
+        new = range(last, before, -1)
+        for i, pid in enumerate(new):
+            if self._probe(pid):
+                scanned.add(pid)
+                if self._scan_one(pid, inode):
+                    self._pending.extend(new[i + 1 :])
+                    return pid
+        return None
 
     def _in_netns(self, pid: str) -> bool | None:
         """Whether ``pid`` is in the guest's namespace; None when it is gone."""
@@ -332,13 +372,29 @@ class ProcessFinder:
             return None
 
     def _holder(self, inode: int) -> int | None:
+        # Found without the pid list, a holder is checked as the list's members are: in the
+        # guest's namespace (a pid reused by a process of the host is not one).
         hold = self._sockets.get(inode)
-        if hold is not None and self._link(hold.pid, hold.fd) == inode:
+        if (
+            hold is not None
+            and self._link(hold.pid, hold.fd) == inode
+            and self._in_netns(str(hold.pid))
+        ):
             self.stats.cache_hits += 1
-            return hold.pid
-        self._refresh(deep=False)
+            return self._held_by(hold.pid)
+        # A client with a socket per question (a stub resolver) or per request opens the next
+        # one in the process that held the last: look there first, before the pid list.
         scanned: set[int] = set()
-        found = self._scan(sorted(self._members, reverse=True), inode, scanned)
+        for pid in list(self._recent):
+            scanned.add(pid)
+            if self._scan_one(pid, inode) and self._in_netns(str(pid)):
+                self.stats.recent_hits += 1
+                return self._held_by(pid)
+        found = self._newest(inode, scanned)
+        if found is not None:
+            return self._held_by(found)
+        self._refresh(deep=False)  # what _newest left pending, or /proc listed
+        found = self._scan(sorted(self._members - scanned, reverse=True), inode, scanned)
         now = time.monotonic()
         if found is None and now >= self._deep_at:
             # A pid reused behind our back, a process that entered the namespace after we saw
@@ -347,35 +403,62 @@ class ProcessFinder:
             self._refresh(deep=True)
             rest = [pid for pid in sorted(self._members, reverse=True) if pid not in scanned]
             found = self._scan(rest, inode, scanned)
-        return found
+        return None if found is None else self._held_by(found)
+
+    def _held_by(self, pid: int) -> int:
+        if pid in self._recent:
+            self._recent.remove(pid)
+        self._recent.insert(0, pid)
+        del self._recent[_RECENT:]
+        return pid
 
     def _scan(self, pids: list[int], inode: int, scanned: set[int]) -> int | None:
-        if len(self._sockets) > _MAX_SOCKETS:
-            self._sockets.clear()
         for pid in pids:
             scanned.add(pid)
-            folder = f"{self._proc}/{pid}/fd"
+            if self._scan_one(pid, inode):
+                return pid
+        return None
+
+    def _scan_one(self, pid: int, inode: int) -> bool:
+        """Whether ``pid`` holds socket ``inode``; remembers the sockets it passes. The
+        descriptors that were sockets or new at the last look are read first (a new socket
+        mostly takes the number a closed one freed), and the reading stops at the socket."""
+        if len(self._sockets) > _MAX_SOCKETS:
+            self._sockets.clear()
+        if len(self._fds) > _MAX_SOCKETS // 64:
+            self._fds.clear()
+        folder = f"{self._proc}/{pid}/fd"
+        try:
+            fds = os.listdir(folder)
+        except FileNotFoundError:
+            self._members.discard(pid)  # gone (the probes never list /proc)
+            self._fds.pop(pid, None)
+            if pid in self._recent:
+                self._recent.remove(pid)
+            return False
+        except OSError:
+            return False
+        before = self._fds.get(pid, {})
+        fds.sort(key=lambda fd: fd in before and before[fd] is None)
+        now: dict[str, int | None] = {}
+        hit = False
+        for fd in fds:
+            self.stats.fds_read += 1
             try:
-                fds = os.listdir(folder)
-            except FileNotFoundError:
-                self._members.discard(pid)  # gone (the probes never list /proc)
-                continue
+                sock = parse_socket_link(os.readlink(f"{folder}/{fd}"))
             except OSError:
                 continue
-            hit = None
-            for fd in fds:
-                self.stats.fds_read += 1
-                try:
-                    sock = parse_socket_link(os.readlink(f"{folder}/{fd}"))
-                except OSError:
-                    continue
-                if sock is not None:
-                    self._sockets[sock] = _Hold(pid, fd)
-                    if sock == inode:
-                        hit = pid
-            if hit is not None:
-                return hit
-        return None
+            now[fd] = sock
+            if sock is not None:
+                self._sockets[sock] = _Hold(pid, fd)
+                if sock == inode:
+                    hit = True
+                    break
+        if hit:  # the descriptors not read keep what they were
+            listed = set(fds)
+            now = {fd: sock for fd, sock in {**before, **now}.items() if fd in listed}
+        self._fds[pid] = now
+        return hit
 
     def _in_tree(self, pid: int) -> bool:
         return pid in self._members or bool(self._in_netns(str(pid)))
@@ -387,7 +470,7 @@ class ProcessFinder:
 
     def _stat(self, pid: int) -> ProcStat | None:
         with contextlib.suppress(OSError, ValueError):
-            return parse_stat(_read(f"{self._proc}/{pid}/stat").decode(errors="replace"))
+            return parse_stat(_read_record(f"{self._proc}/{pid}/stat").decode(errors="replace"))
         return None
 
     def _exe(self, pid: int) -> str | None:
@@ -399,7 +482,7 @@ class ProcessFinder:
         exe = self._exe(pid)
         cmdline: list[str] = []
         with contextlib.suppress(OSError):
-            cmdline = parse_cmdline(_read(f"{self._proc}/{pid}/cmdline"))
+            cmdline = parse_cmdline(_read_record(f"{self._proc}/{pid}/cmdline"))
         chain: list[tuple[int, str]] = []
         exes: list[str] = []
         reached = False
@@ -419,6 +502,8 @@ class ProcessFinder:
         if self.root_pid is None:
             reached = bool(chain)
         elif not reached:
+            if self._pending:
+                self._refresh(deep=False)  # the members are needed whole here
             kept = [i for i, c in enumerate(chain) if c[0] in self._members]
             chain, exes = [chain[i] for i in kept], [exes[i] for i in kept]
         names: list[str | None] = [os.path.basename(e) for e in exes]
@@ -435,6 +520,22 @@ class ProcessFinder:
             self._exes[key] = self._exe(st.pid)
         exe = self._exes[key]
         return exe if exe is not None else st.comm
+
+
+def _read_record(path: str) -> bytes:
+    """A /proc file the kernel writes whole on the first read (stat, status, cmdline, a
+    sysctl): one read, not two; a read that fills the buffer goes on as ``_read``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        first = os.read(fd, 16384)
+        if len(first) < 16384:
+            return first
+        parts = [first]
+        while chunk := os.read(fd, 65536):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 def _read(path: str) -> bytes:
