@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
+from sandgate import cleanup
 from sandgate.errors import SandgateError
 from sandgate.export.gatewayvm import ETC, export_files
 from sandgate.net import handed as hd
@@ -103,6 +104,9 @@ class Homelab:
         return self
 
     def _up(self) -> None:
+        # Its sg-<instance>-* namespaces are left alone by `sandgate cleanup` meanwhile (one run
+        # beside another: a concurrent cleanup removed a lab's LAN namespace mid-build).
+        cleanup.own(f"instance-{self.instance}")
         self.base = Path(tempfile.mkdtemp(prefix=f"sandgate-homelab-{self.instance}-"))
         self.base.chmod(0o755)
         self.policy = load_policy(str(self.policy_path))
@@ -138,6 +142,7 @@ class Homelab:
         if self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
             self.base = None
+        cleanup.disown(f"instance-{self.instance}")
 
     def __enter__(self) -> Homelab:
         return self.up()
