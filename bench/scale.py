@@ -19,6 +19,7 @@ soak     N sessions (``run_in``, a command that makes a known number of attempts
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -455,7 +456,11 @@ def part_soak(bs: BenchStack, sessions: int, concurrent: int) -> dict[str, Any]:
     def one(i: int) -> tuple[str | None, int, str | None]:
         try:
             r = run_in(bs.stack, opts(i))
-            return r.session, r.exit_code, r.message
+            message = r.message
+            if r.exit_code != 0 and message is None and r.report.output:
+                with contextlib.suppress(OSError):  # what the command said, for the failure
+                    message = Path(r.report.output).read_text(errors="replace")[-400:]
+            return r.session, r.exit_code, message
         except Exception as exc:
             return None, -1, f"{type(exc).__name__}: {exc}"
 
