@@ -50,15 +50,19 @@ refuses (not ESTABLISHED any more) sends that tunnel there. A tunnel is never fa
 the two, or should a kernel's sockmap misbehave). ``Kernel.routes()`` counts where each tunnel
 went (``kernel``, or ``hub.<why>``), so a benchmark can tell a kernel tunnel from a fallback.
 
-What the kernel's redirect costs (measured 2026-12-01, kernel 6.18, bench/relayloop.py --trace): the
-kernel never sends a redirected skb from the softirq that received it. sk_psock_skb_redirect queues
-it on the peer's psock and schedules sk_psock_backlog on the system workqueue, so each message wakes
-a kworker on the receiving CPU, which then sends it (net/core/skmsg.c: the same for an ingress
-redirect and with a stream parser; an sk_msg program runs only on a local sendmsg, never on bytes
-that arrive, so no variant avoids it). Exactly two work items per one-byte round trip; on loopback,
-queue to start 5 µs (p50) and the send 6 µs each on a quiet core: +24 µs a round trip against no
-relay. Under the bench's load (2 busy cores) the wait grows to 11 µs p50, 30 µs p90, 115 µs p99,
-which is most of ``bench/run proxy``'s +47..80 µs.
+What the kernel's redirect costs (2026-12-01, kernel 6.18, ``python -m bench.relayloop 3 --trace``):
+the kernel never sends a redirected skb from the softirq that received it. sk_psock_skb_redirect
+queues it on the peer's psock and schedules sk_psock_backlog on the system workqueue, so each
+message wakes a kworker on the receiving CPU, which sends it on (net/core/skmsg.c: the same for an
+ingress redirect and with a stream parser; an sk_msg program runs only on a local sendmsg, never on
+bytes that arrive: no variant avoids it). Traced: exactly two work items per one-byte round trip. On
+loopback, load 1.5-2.6: queue to start 4-5 µs p50, the send (with the receiver's softirq) 5-7 µs; a
+round trip 34-42 µs against 15-19 µs with no relay (+19..25: the two waits are 8-10 of it, the rest
+is the second TCP connection's send and receive, which any relay that ends TCP pays), and 36-50 µs
+of CPU against 15-20 (+21..30). No Python runs per message. Under ``bench/run proxy`` (both cores
+busy) each wait grew to 11 µs p50, 30 µs p90, 115 µs p99: the relay's +40 µs goal holds on a free
+core and is lost to the run queue on a busy one, which user space cannot shorten (the kworkers are
+the kernel's, at nice 0).
 """
 
 from __future__ import annotations
