@@ -90,11 +90,14 @@ TICK = 0.5  # seconds between checks of the tunnels' deadlines
 # as long each time the bytes have not moved (a peer that stopped reading costs ~10 checks a
 # second, not a thousand).
 DRAIN_POLL, DRAIN_POLL_MAX = 0.001, 0.1
-# Each joined socket's send and receive buffer (the kernel doubles it). When the kernel's send to
-# the peer meets a full send buffer it retries a jiffy later (4 ms at HZ=250), not when room
-# appears: with a 64 KiB buffer a loopback tunnel moved 15 MB/s (the hub 1.8 GB/s). The buffer
-# must hold more than a jiffy's bytes; bytes are queued only while the reader is slower.
-BUFFER = 4 << 20
+# The joined sockets keep the kernel's autotuned buffers. When the kernel's send to the peer meets
+# a full send buffer it retries a jiffy later (4 ms at HZ=250), not when room appears: a fixed
+# 64 KiB buffer moved 15 MB/s on loopback. Fixed 4 MiB buffers (SO_SNDBUF/SO_RCVBUF, as until
+# 2026-12-01) moved as much as autotuned ones but cost the two ends more: in bench/run proxy the
+# client and server spent +0.48..0.92 s of CPU per GB above the kernel path (7 runs) against
+# -0.11..+0.38 autotuned (4 runs), and the client sent 2 to 5 times the ACKs (40-42k against
+# 8-20k segments a run: likely window updates, its window kept full by an 8 MiB send queue). A
+# fixed size also disables autotuning and is capped at wmem_max/rmem_max (208 KiB when stock).
 MAX_TUNNELS = 1 << 15  # each map holds two sockets per tunnel; past this, tunnels take the hub
 SO_COOKIE = getattr(socket, "SO_COOKIE", 57)
 _TCP_INFO_LEN = 232  # through tcpi_bytes_retrans (include/uapi/linux/tcp.h)
@@ -324,10 +327,6 @@ class Kernel:
         try:
             dups += [client.dup(), server.dup()]
             c, s = dups
-            for sock in dups:
-                for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-                    with contextlib.suppress(OSError):  # above wmem_max/rmem_max: capped
-                        sock.setsockopt(socket.SOL_SOCKET, opt, BUFFER)
             keys = (cookie(c), cookie(s))
             before = (Counters.of(c), Counters.of(s))
             queued = tuple(_inq(sock) for sock in dups)
