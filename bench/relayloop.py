@@ -189,6 +189,7 @@ def _run_plan(plan: list[tuple[str, str, int]], far: int, q: Any, tracer: _Trace
         time.sleep(0.01)  # the relay has joined the tunnel
         c0, k0, t0 = _hub_cpu(), _kworkers(), time.perf_counter()
         if kind == "bulk":
+            p0 = time.process_time() + _oncpu(f"/proc/{far}/schedstat")
             c.sendall(b"b")
             data = bytes(1 << 20)
             for _ in range(GB >> 20):
@@ -196,7 +197,8 @@ def _run_plan(plan: list[tuple[str, str, int]], far: int, q: Any, tracer: _Trace
             c.shutdown(socket.SHUT_WR)
             c.recv(1)
             secs, k = time.perf_counter() - t0, _kworkers_since(k0)
-            out.append((kind, name, GB / secs / 1e6, _hub_cpu() - c0, k))
+            peers = time.process_time() + _oncpu(f"/proc/{far}/schedstat") - p0
+            out.append((kind, name, GB / secs / 1e6, _hub_cpu() - c0, k, peers))
         elif kind == "rtt":
             c.sendall(b"e")
             times = []
@@ -273,6 +275,8 @@ def main(rounds: int, trace: bool = False) -> dict[str, Any]:
             "MB_s": [round(r[2]) for r in runs],
             "cpu_s_per_GB": [round(r[3] / (GB / 1e9), 3) for r in runs],
             "kworker_s_per_GB": [round(r[4] / (GB / 1e9), 3) for r in runs],
+            "peers_s_per_GB": [round(r[5] / (GB / 1e9), 3) for r in runs],
+            "all_s_per_GB": [round((r[3] + r[4] + r[5]) / (GB / 1e9), 3) for r in runs],
         }
 
     def rtt(name: str) -> dict[str, Any]:

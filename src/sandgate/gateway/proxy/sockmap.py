@@ -92,12 +92,15 @@ TICK = 0.5  # seconds between checks of the tunnels' deadlines
 DRAIN_POLL, DRAIN_POLL_MAX = 0.001, 0.1
 # The joined sockets keep the kernel's autotuned buffers. When the kernel's send to the peer meets
 # a full send buffer it retries a jiffy later (4 ms at HZ=250), not when room appears: a fixed
-# 64 KiB buffer moved 15 MB/s on loopback. Fixed 4 MiB buffers (SO_SNDBUF/SO_RCVBUF, as until
-# 2026-12-01) moved as much as autotuned ones but cost the two ends more: in bench/run proxy the
-# client and server spent +0.48..0.92 s of CPU per GB above the kernel path (7 runs) against
-# -0.11..+0.38 autotuned (4 runs), and the client sent 2 to 5 times the ACKs (40-42k against
-# 8-20k segments a run: likely window updates, its window kept full by an 8 MiB send queue). A
-# fixed size also disables autotuning and is capped at wmem_max/rmem_max (208 KiB when stock).
+# 64 KiB buffer moved 15 MB/s on loopback. Fixed 4 MiB buffers (SO_SNDBUF/SO_RCVBUF, until
+# 2026-12-01) cost the two ends more in bench/run proxy (veth, TLS ends, load 2-8): the client
+# and server spent +0.48..0.92 s of CPU per GB above the kernel path (7 runs) against -0.11..+0.38
+# autotuned (4 runs), and 2.55/2.94 against 1.76/1.98 s/GB in 2 interleaved sg-connect pairs
+# (175/397 against 310/631 MB/s); the client sent 2 to 5 times the ACKs (40-42k against 8-20k
+# segments a run). Bulk ratios to the kernel path did not move (medians 0.88 and 0.87). On
+# loopback alone (bench.relayloop, 3 pairs) the fixed buffers did better: 529-701 against
+# 470-558 MB/s, kworker 0.19-0.21 against 0.28-0.36 s/GB. A fixed size also disables autotuning
+# and is capped at wmem_max/rmem_max (208 KiB when stock).
 MAX_TUNNELS = 1 << 15  # each map holds two sockets per tunnel; past this, tunnels take the hub
 SO_COOKIE = getattr(socket, "SO_COOKIE", 57)
 _TCP_INFO_LEN = 232  # through tcpi_bytes_retrans (include/uapi/linux/tcp.h)
