@@ -14,6 +14,7 @@ the neighbours' kworker time is in it too). A round trip's ``cpu_us`` adds the p
 (``peers_cpu_us``: client and echo, with the softirq work done in their syscalls), the hub's and
 the kworkers': ``bpf``'s less ``direct``'s is what the relay costs on a free core. All from
 schedstat and CLOCK_PROCESS_CPUTIME_ID (nanoseconds), not the 4 ms ticks of /proc/PID/stat.
+Bulk rows count the same way per GB (``peers_s_per_GB``, ``all_s_per_GB``).
 
 ``--trace`` (root) also traces the kernel relay's round trips with ftrace: every work item the
 sockmap queues (sk_psock_backlog, the kworker that sends a redirected skb on) per round trip, the
