@@ -129,6 +129,7 @@ def test_when_bpf_cannot_load_every_tunnel_takes_the_hub_said_once(
             server.shutdown(socket.SHUT_WR)
         assert (out[0].up, out[0].ended) == (15, "eof")
     assert fallback.maps is None and fallback.count() == 0
+    assert fallback.routes() == {"hub.unavailable": 2}
     assert _fds() == before  # the maps made before the refusal were closed
     said = capsys.readouterr().err
     assert said.count("CONNECT tunnels go through the splice hub") == 1
@@ -136,6 +137,7 @@ def test_when_bpf_cannot_load_every_tunnel_takes_the_hub_said_once(
 
 
 def test_a_socket_the_map_refuses_takes_the_hub(kernel: sockmap.Kernel) -> None:
+    before = kernel.routes()
     client, inner_c = _pair()
     inner_s, server = _pair()
     client.sendall(b"and goodbye")
@@ -150,8 +152,24 @@ def test_a_socket_the_map_refuses_takes_the_hub(kernel: sockmap.Kernel) -> None:
     server.shutdown(socket.SHUT_WR)
     assert ended.wait(20) and out[0].ended == "eof"
     assert kernel.maps is not None and bpf.map_keys(kernel.maps.peers, 8) == []
+    assert _delta(before, kernel.routes()) == {"hub.refused": 1}
     client.close()
     server.close()
+
+
+def test_routes_count_each_tunnel_where_it_went(kernel: sockmap.Kernel) -> None:
+    before = kernel.routes()
+    for cap in (None, 1000, None):
+        with tunnel(kernel.start, cap=cap) as (client, server, _):
+            client.sendall(b"counted")
+            client.shutdown(socket.SHUT_WR)
+            assert _recv_all(server) == b"counted"
+            server.shutdown(socket.SHUT_WR)
+    assert _delta(before, kernel.routes()) == {"kernel": 2, "hub.cap": 1}
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
 
 
 def test_a_bug_or_a_failing_callback_costs_one_tunnel_not_the_thread(

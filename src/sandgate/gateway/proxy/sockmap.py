@@ -47,7 +47,22 @@ tunnel goes to the splice hub, where it is exact. Anything missing in BPF (an ol
 EPERM, a verifier refusal) sends every tunnel to the hub, said once on stderr; a socket the map
 refuses (not ESTABLISHED any more) sends that tunnel there. A tunnel is never failed for it.
 ``SANDGATE_SOCKMAP=0`` in the gateway's environment sends every tunnel to the hub (to compare
-the two, or should a kernel's sockmap misbehave).
+the two, or should a kernel's sockmap misbehave). ``Kernel.routes()`` counts where each tunnel
+went (``kernel``, or ``hub.<why>``), so a benchmark can tell a kernel tunnel from a fallback.
+
+What the kernel's redirect costs (2026-12-01, kernel 6.18, ``python -m bench.relayloop 3 --trace``):
+the kernel never sends a redirected skb from the softirq that received it. sk_psock_skb_redirect
+queues it on the peer's psock and schedules sk_psock_backlog on the system workqueue, so each
+message wakes a kworker on the receiving CPU, which sends it on (net/core/skmsg.c: the same for an
+ingress redirect and with a stream parser; an sk_msg program runs only on a local sendmsg, never on
+bytes that arrive: no variant avoids it). Traced: exactly two work items per one-byte round trip. On
+loopback, load 1.5-2.6: queue to start 4-5 µs p50, the send (with the receiver's softirq) 5-7 µs; a
+round trip 34-42 µs against 15-19 µs with no relay (+19..25: the two waits are 8-10 of it, the rest
+is the second TCP connection's send and receive, which any relay that ends TCP pays), and 36-50 µs
+of CPU against 15-20 (+21..30). No Python runs per message. Under ``bench/run proxy`` (both cores
+busy) each wait grew to 11 µs p50, 30 µs p90, 115 µs p99: the relay's +40 µs goal holds on a free
+core and is lost to the run queue on a busy one, which user space cannot shorten (the kworkers are
+the kernel's, at nice 0).
 """
 
 from __future__ import annotations
@@ -63,6 +78,7 @@ import termios
 import threading
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 
 from sandgate.gateway.proxy import relay
@@ -74,11 +90,17 @@ TICK = 0.5  # seconds between checks of the tunnels' deadlines
 # as long each time the bytes have not moved (a peer that stopped reading costs ~10 checks a
 # second, not a thousand).
 DRAIN_POLL, DRAIN_POLL_MAX = 0.001, 0.1
-# Each joined socket's send and receive buffer (the kernel doubles it). When the kernel's send to
-# the peer meets a full send buffer it retries a jiffy later (4 ms at HZ=250), not when room
-# appears: with a 64 KiB buffer a loopback tunnel moved 15 MB/s (the hub 1.8 GB/s). The buffer
-# must hold more than a jiffy's bytes; bytes are queued only while the reader is slower.
-BUFFER = 4 << 20
+# The joined sockets keep the kernel's autotuned buffers. When the kernel's send to the peer meets
+# a full send buffer it retries a jiffy later (4 ms at HZ=250), not when room appears: a fixed
+# 64 KiB buffer moved 15 MB/s on loopback. Fixed 4 MiB buffers (SO_SNDBUF/SO_RCVBUF, until
+# 2026-12-01) cost the two ends more in bench/run proxy (veth, TLS ends, load 2-8): the client
+# and server spent +0.48..0.92 s of CPU per GB above the kernel path (7 runs) against -0.11..+0.38
+# autotuned (4 runs), and 2.55/2.94 against 1.76/1.98 s/GB in 2 interleaved sg-connect pairs
+# (175/397 against 310/631 MB/s); the client sent 2 to 5 times the ACKs (40-42k against 8-20k
+# segments a run). Bulk ratios to the kernel path did not move (medians 0.88 and 0.87). On
+# loopback alone (bench.relayloop, 3 pairs) the fixed buffers did better: 529-701 against
+# 470-558 MB/s, kworker 0.19-0.21 against 0.28-0.36 s/GB. A fixed size also disables autotuning
+# and is capped at wmem_max/rmem_max (208 KiB when stock).
 MAX_TUNNELS = 1 << 15  # each map holds two sockets per tunnel; past this, tunnels take the hub
 SO_COOKIE = getattr(socket, "SO_COOKIE", 57)
 _TCP_INFO_LEN = 232  # through tcpi_bytes_retrans (include/uapi/linux/tcp.h)
@@ -208,6 +230,7 @@ class Kernel:
         self.maps: Maps | None = None
         self.unavailable: str | None = None  # why BPF cannot carry tunnels here (said once)
         self._said: set[str] = set()
+        self._routes: Counter[str] = Counter()  # tunnels by where they went (``routes``)
         self._epoll = select.epoll()
         self._tunnels: dict[int, _Tunnel] = {}  # by each of its two fds
         self._draining: dict[_Tunnel, tuple[float, float, int]] = {}  # next check, wait, moved
@@ -227,7 +250,9 @@ class Kernel:
     ) -> None:
         """As ``relay.start``: returns at once, ``done(result)`` runs on a relay thread at the
         end; works on duplicates of the sockets, so the caller closes its own when it likes."""
-        if cap is not None or not self._ready() or self.count() >= MAX_TUNNELS:
+        hub = self._why_hub(cap)
+        if hub is not None:
+            self._route(hub)
             self.hub.start(client, server, done, idle=idle, total=total, cap=cap)
             return
         try:
@@ -237,10 +262,12 @@ class Kernel:
                 traceback.print_exc()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             self._say(f"a tunnel goes through the splice hub: {why}")
+            self._route("hub.refused")
             self.hub.start(client, server, done, idle=idle, total=total, cap=cap)
             return
         tunnel.idle, tunnel.deadline, tunnel.done = idle, tunnel.start + total, done
         with self._lock:
+            self._routes["kernel"] += 1
             c, s = tunnel.socks
             self._tunnels[c.fileno()] = self._tunnels[s.fileno()] = tunnel
             for sock in tunnel.socks:
@@ -256,7 +283,26 @@ class Kernel:
         """Tunnels the kernel carries now."""
         return len(self._tunnels) // 2
 
+    def routes(self) -> dict[str, int]:
+        """Tunnels started so far, by where they went: ``kernel``, or the hub and why
+        (``hub.cap``, ``hub.unavailable``, ``hub.full``, ``hub.refused``)."""
+        return dict(self._routes)
+
     # -- set-up -----------------------------------------------------------------------------------
+
+    def _why_hub(self, cap: int | None) -> str | None:
+        """Why this tunnel cannot be joined in the kernel (its ``routes`` key), None if it can."""
+        if cap is not None:
+            return "hub.cap"  # only the hub holds a byte cap exactly
+        if not self._ready():
+            return "hub.unavailable"
+        if self.count() >= MAX_TUNNELS:
+            return "hub.full"
+        return None
+
+    def _route(self, where: str) -> None:
+        with self._lock:  # proxy threads start tunnels at once
+            self._routes[where] += 1
 
     def _ready(self) -> bool:
         if self.maps is None and self.unavailable is None:
@@ -284,10 +330,6 @@ class Kernel:
         try:
             dups += [client.dup(), server.dup()]
             c, s = dups
-            for sock in dups:
-                for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-                    with contextlib.suppress(OSError):  # above wmem_max/rmem_max: capped
-                        sock.setsockopt(socket.SOL_SOCKET, opt, BUFFER)
             keys = (cookie(c), cookie(s))
             before = (Counters.of(c), Counters.of(s))
             queued = tuple(_inq(sock) for sock in dups)
