@@ -26,8 +26,8 @@ from typing import Protocol
 
 # Ciphertext taken from the kernel per recv(), plaintext handed up per recv() at most (the
 # sizes of a thread's two buffers). 512 KiB rather than 256: fewer reads, sends and wake-ups a
-# GB (bench.proxyloop, 16 pairs at load 3-5: CPU a GB lower in 14, median -5%); 64 KiB and
-# 1 MiB cost more.
+# GB (bench.proxyloop at load 3-6, paired: CPU a GB lower in 15 of 17 pairs, median 1.89 ->
+# 1.66 s/GB in the 6 against main); 64 KiB and 1 MiB cost more.
 RAW = 512 * 1024
 PLAIN = 512 * 1024
 SESSIONS = 256  # upstream TLS sessions kept for resumption (one per name and port)
