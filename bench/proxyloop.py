@@ -9,9 +9,9 @@ resumption. Events go to a list: the sink's share (the loop, attribution, the st
 these figures, which is what makes them steady enough to compare two versions of the proxy on a
 loaded machine. Per round: 1 GiB (``/bulk``), then ``SMALL`` keep-alive requests (``/small``)
 through the proxy and straight to the upstream (``direct``: the added round trip is the
-difference of the medians). ``PROXYLOOP_NO_BULK=1``: the requests only;
-``PROXYLOOP_PROFILE=FILE``: the requests only, each connection under cProfile on thread CPU time
-(pstats dumped to FILE).
+difference of the medians); per bulk, the cores the proxy, curl and the server kept busy.
+``PROXYLOOP_NO_BULK=1``: the requests only; ``PROXYLOOP_PROFILE=FILE``: the requests only,
+each connection under cProfile on thread CPU time (pstats dumped to FILE).
 
 Figures (2026-12-01, load 3-4 on 2 cores, paired and interleaved with main as it was): CPU a
 request 657 -> 468 µs, added round trip 654 -> 450 µs (flow.Judgements, tlsio's reads).
@@ -48,6 +48,7 @@ NAME = "tls.loop.test"
 LOOP = ipaddress.IPv4Address("127.0.0.1")
 SIZE = 1 << 30
 SMALL = 3000
+CORES = ("proxy_cores", "curl_cores", "server_cores")
 POLICY_TOML = f"""\
 [profiles.p]
 internet = "open"
@@ -60,6 +61,16 @@ POLICY = parse_policy(POLICY_TOML.encode(), "proxyloop.toml")
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def _children_cpu() -> float:
+    t = os.times()  # curl's, once subprocess.run has waited for it
+    return t.children_user + t.children_system
+
+
+def _pid_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 class Loop:
@@ -161,9 +172,10 @@ def main(rounds: int) -> dict[str, Any]:
         for _ in range(rounds):
             row: dict[str, Any] = {}
             if os.environ.get("PROXYLOOP_PROFILE") or os.environ.get("PROXYLOOP_NO_BULK"):
-                row["bulk_MB_s"] = row["cpu_s_per_GB"] = 0.0
+                for key in ("bulk_MB_s", "cpu_s_per_GB", *CORES):
+                    row[key] = 0.0
             else:
-                before = _cpu()
+                before, kids, srv = _cpu(), _children_cpu(), _pid_cpu(server.pid)
                 code, size, total = curl(
                     loop.port, tmp / "gw.pem", f"https://{NAME}:{loop.port}/bulk?size={SIZE}",
                     fmt=r"%{http_code} %{size_download} %{time_total}\n",
@@ -172,6 +184,12 @@ def main(rounds: int) -> dict[str, Any]:
                 assert code == "200" and int(size) == SIZE, (code, size)
                 row["bulk_MB_s"] = SIZE / float(total) / 1e6
                 row["cpu_s_per_GB"] = cpu / (SIZE / 1e9)
+                # Cores each side kept busy: the proxy near 1.0 is its one thread's ceiling; all
+                # of them near the machine's cores (2 here), the CPU is (docs/NOTES.md).
+                wall = float(total)
+                row["proxy_cores"] = cpu / wall
+                row["curl_cores"] = (_children_cpu() - kids) / wall
+                row["server_cores"] = (_pid_cpu(server.pid) - srv) / wall
             for key, port, trust in (
                 ("direct", up_port, tmp / "world.pem"),
                 ("proxy", loop.port, tmp / "gw.pem"),
