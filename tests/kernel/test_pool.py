@@ -165,9 +165,7 @@ def test_a_session_runs_in_a_warm_namespace_that_goes_with_it(
     assert not set(taken) & set(after["taken"])  # and the gateway holds nothing of it
 
 
-def test_a_run_that_fails_while_its_join_runs_leaves_no_guest(
-    stack: Stack, tmp_path: Path
-) -> None:
+def test_a_run_that_fails_while_its_join_runs_leaves_no_guest(stack: Stack, tmp_path: Path) -> None:
     """The runner asks add_guest right after the take, then makes its folders and cgroup:
     when that fails (its session folder cannot be made: a file is in the way), the join
     already asked is read and undone."""
