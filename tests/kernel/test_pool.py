@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sandgate import cleanup
 from sandgate.events.schema import Kind
 from sandgate.gateway import pool
@@ -163,23 +161,6 @@ def test_a_session_runs_in_a_warm_namespace_that_goes_with_it(
     assert taken, f"no warm namespace was taken: {ready} → {after}"
     assert not any(ns.exists(n) for n in taken)  # gone with its session
     assert not set(taken) & set(after["taken"])  # and the gateway holds nothing of it
-
-
-def test_a_run_that_fails_while_its_join_runs_leaves_no_guest(stack: Stack, tmp_path: Path) -> None:
-    """The runner asks add_guest right after the take, then makes its folders and cgroup:
-    when that fails (its session folder cannot be made: a file is in the way), the join
-    already asked is read and undone."""
-    (tmp_path / "sessions").write_text("in the way")
-    sandbox = Runner(stack, tmp_path / "events.db")
-    ready = _ready(stack)
-    with stack.gateway.client() as ctl:
-        before = set(ctl.call("status")["guests"])
-    with pytest.raises(OSError):
-        sandbox("true", mode="open")
-    with stack.gateway.client() as ctl:
-        assert set(ctl.call("status")["guests"]) == before  # joined, then removed
-    taken = [n for n in ready if n not in _warm(stack)["ready"]]
-    assert taken and not any(ns.exists(n) for n in taken)
 
 
 def test_a_killed_gateway_leaves_no_warm_namespace_behind(tmp_path: Path) -> None:

@@ -160,7 +160,6 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     retain: threading.Thread | None = None
-    joining: ControlClient | None = None  # add_guest asked, its reply not read yet
     snapping: ControlClient | None = None  # the drift snapshot before, asked and not read yet
     destroyed = False  # the sandbox's namespace and folders are gone
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
@@ -175,12 +174,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         )
     try:
         with t.phase("workspace (netns, dirs, tmpfs)"):
-            warm, joining = _warm_netns(stack) if vm is None else (None, None)
-            if joining is not None and warm is not None:
-                # The namespace is the gateway's making: the join is asked now, on the take's
-                # connection, and runs while the runner makes its folders, cgroup and first
-                # process (none of which the join needs, issue 13). Its reply is read below.
-                _ask_join(joining, stack, warm, sid, opts, uid)
+            warm = _warm_netns(stack) if vm is None else None
             box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space, warm)
             cleanup.own(box.netns)
         capture = keep / "output.log" if opts.capture else None
@@ -195,11 +189,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                 )
                 box.prepare(entry, capture=capture, echo=opts.echo)
         with t.phase("control add_guest") as ph:
-            if joining is not None:
-                asked, joining = joining, None  # the join's reply, then the snapshot's
-                guest, snapping = _joined(asked), asked
-            else:
-                guest, snapping = _add_guest(stack, box, sid, opts, uid)
+            guest, snapping = _add_guest(stack, box, sid, opts, uid)
             ph.steps = dict(guest.get("timing_ms") or {})
         with t.phase("noexec, sandbox files"):
             _noexec(stack, box, guest, opts)
@@ -284,10 +274,6 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     except Interrupted as exc:
         exit_code, message = 143, exc.message
     finally:
-        if joining is not None:  # failed while the join ran: it is undone as any guest's
-            with contextlib.suppress(SandgateError):
-                guest = _joined(joining)
-            joining.close()
         if snapping is not None:  # failed before reading it: nobody wants the answer
             snapping.close()
         try:
@@ -581,67 +567,45 @@ def _limit_events(
     return hits
 
 
-def _warm_netns(stack: Stack) -> tuple[str | None, ControlClient | None]:
-    """A namespace the gateway made ready with its link (gateway/pool.py), and the open
-    connection it was taken on; or (None, None): make one. An older gateway without the op
-    answers an error, which means the same."""
+def _warm_netns(stack: Stack) -> str | None:
+    """A namespace the gateway made ready with its link (gateway/pool.py), or None: make one.
+    An older gateway without the op answers an error, which means the same."""
     try:
-        ctl = stack.gateway.client()
+        with stack.gateway.client() as ctl:
+            name = ctl.call("take_netns", pid=os.getpid()).get("netns")
     except SandgateError:
-        return None, None
-    try:
-        name = ctl.call("take_netns", pid=os.getpid()).get("netns")
-    except SandgateError:
-        name = None
-    if not isinstance(name, str):
-        ctl.close()
-        return None, None
-    return name, ctl
-
-
-def _ask_join(
-    ctl: ControlClient, stack: Stack, netns: str, sid: str, opts: RunOptions, uid: int
-) -> None:
-    """Ask add_guest on ``ctl``, and the drift snapshot before right behind it: one
-    connection's requests are answered in order, so the snapshot sees the guest joined. Its
-    answer is read once the sandbox is set up (``_snapshot``): the gateway's part of it
-    overlaps the runner's files, limits and bwrap (issue 13)."""
-    ctl.send(
-        "add_guest",
-        netns=netns,
-        session=sid,
-        policy=_policy_of(stack, opts),
-        profile=opts.profile,
-        mode=opts.mode,
-        allow=list(opts.allow),
-        deny=list(opts.deny),
-        uid=uid,
-        **({"ask": True} if opts.ask else {}),
-    )
-    ctl.send("snapshot")
-
-
-def _joined(ctl: ControlClient) -> dict[str, Any]:
-    """add_guest's reply on a connection ``_ask_join`` asked on (closed if it failed)."""
-    try:
-        return ctl.receive()
-    except BaseException:
-        ctl.close()
-        raise
+        return None
+    return name if isinstance(name, str) else None
 
 
 def _add_guest(
     stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int
 ) -> tuple[dict[str, Any], ControlClient]:
-    """The join on a connection of its own, and that connection, the drift snapshot before
-    asked on it (``_ask_join``)."""
+    """The join, and the connection the drift snapshot before is asked on: right behind the
+    join (one connection's requests are answered in order, so it sees the guest joined), its
+    answer read once the sandbox is set up (``_snapshot``), so the gateway's part of it
+    overlaps the runner's files, limits and bwrap (issue 13)."""
+    policy = _policy_of(stack, opts)
     ctl = stack.gateway.client()
     try:
-        _ask_join(ctl, stack, box.netns, sid, opts, uid)
+        ctl.send(
+            "add_guest",
+            netns=box.netns,
+            session=sid,
+            policy=policy,
+            profile=opts.profile,
+            mode=opts.mode,
+            allow=list(opts.allow),
+            deny=list(opts.deny),
+            uid=uid,
+            **({"ask": True} if opts.ask else {}),
+        )
+        ctl.send("snapshot")
+        guest: dict[str, Any] = ctl.receive()
     except BaseException:
         ctl.close()
         raise
-    return _joined(ctl), ctl
+    return guest, ctl
 
 
 def _spec(
