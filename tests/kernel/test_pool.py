@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,15 @@ def test_a_warm_namespace_is_clean_when_taken_and_forgotten_once_removed(stack: 
         assert set(seen["routes"]) == {("None", 0, gateway), (ns_ip(address, -2), 30, "None")}
         assert seen["rules"] == 3  # local, main, default: the kernel's own
         assert seen["neighbours"] == []
-        assert seen["tables"] == ["inet sandgate"]  # the uid log, and nothing else
+        # The uid log and the process hold's queue rules (a join would install both), and
+        # nothing else: the hold lets packets by while no reader is there (--queue-bypass).
+        assert seen["tables"] == ["inet sandgate", "ip mangle"]
+        assert _hold_rules(name) == [
+            "-A OUTPUT -o lo -j RETURN",
+            "-A OUTPUT -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK SYN"
+            " -j NFQUEUE --queue-num 0 --queue-bypass",
+            "-A OUTPUT -p udp -m conntrack --ctstate NEW -j NFQUEUE --queue-num 0 --queue-bypass",
+        ]
         assert seen["processes"] == []
         assert name in _warm(stack)["taken"]
     finally:
@@ -118,6 +127,17 @@ def test_a_warm_namespace_is_clean_when_taken_and_forgotten_once_removed(stack: 
     finally:
         ns.remove(other)
         cleanup.disown(other)
+
+
+def _hold_rules(name: str) -> list[str]:
+    """The namespace's ip mangle OUTPUT rules, as iptables-save prints them."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", name, "iptables-save", "-t", "mangle"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line for line in out.splitlines() if line.startswith("-A OUTPUT")]
 
 
 def ns_ip(address: str, offset: int) -> str:
@@ -132,7 +152,10 @@ def test_a_session_runs_in_a_warm_namespace_that_goes_with_it(
     ready = _ready(stack)
     r = sandbox.sh("curl -s -m 5 -o /dev/null -w '%{http_code}' http://198.51.100.10/", mode="open")
     assert r.exit_code == 0
-    assert http(sandbox.events(r), "198.51.100.10", 80)  # it went through the gateway
+    (seen,) = http(sandbox.events(r), "198.51.100.10", 80)  # it went through the gateway
+    # and its process was found: the hold ran on the rules the pool put in ahead
+    process = seen.details.get("process")
+    assert isinstance(process, dict) and str(process["exe"]).endswith("/curl"), seen.details
     after = _warm(stack)
     taken = [n for n in ready if n not in after["ready"]]
     assert taken, f"no warm namespace was taken: {ready} → {after}"

@@ -32,7 +32,7 @@ from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
 from sandgate.gateway.guests import Guest, GuestTable
 from sandgate.gateway.hostlo import HostLoopback, unserved
 from sandgate.gateway.logfeed import LogFeed
-from sandgate.gateway.logs.prochold import ProcessHold, ProcessTable
+from sandgate.gateway.logs.prochold import HOLD_QUEUE, ProcessHold, ProcessTable
 from sandgate.gateway.pool import REFILL_AFTER, Warm, WarmPool
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
@@ -40,7 +40,7 @@ from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
 from sandgate.gateway.reload import denied_flows
 from sandgate.gateway.selfcheck import SelfCheck
 from sandgate.gateway.sink import EventSink
-from sandgate.net import conntrack, ns
+from sandgate.net import conntrack, iptables, ns
 from sandgate.net.compile import (
     GROUP_GUEST,
     TABLE,
@@ -359,7 +359,14 @@ class Lifecycle:
         holding = (
             None
             if canary or handed
-            else loop.run_in_executor(None, self._start_hold, link.ifname, netns, msg.get("pid"))
+            else loop.run_in_executor(
+                None,
+                self._start_hold,
+                link.ifname,
+                netns,
+                msg.get("pid"),
+                warm is not None and warm.hold,
+            )
         )
         session = msg.get("session")
         undo: list[Callable[[], Any]] = []
@@ -444,9 +451,13 @@ class Lifecycle:
             loop.add_reader(uidlog.fileno(), self.feed.read_guest, guest)
         return guest
 
-    def _make_warm(self, link: GuestLink, netns: str) -> None:
+    def _make_warm(self, link: GuestLink, netns: str) -> bool:
         """A warm pool entry (on the netlink thread): a fresh namespace, the link, the uid-log
-        table, as a join without the pool makes them."""
+        table, as a join without the pool makes them; and the process hold's queue rules, which
+        a join otherwise installs with an iptables-restore (a subprocess: 5-15 ms of its
+        add_guest, issue 13). Nothing runs in the namespace before its join starts the hold's
+        reader, and the rules let packets by without one (``--queue-bypass``). True when the
+        rules went in; without them the join installs them (or says why it cannot)."""
         if self.plumber.has_link(link.ifname):  # not ours to touch (nor to delete on failure)
             raise SandgateError(f"link {link.ifname} exists already")
         ipv6 = self.cfg.uplink.has_ipv6  # every guest's profile has it then (profile_for)
@@ -460,14 +471,22 @@ class Lifecycle:
             with contextlib.suppress(Exception):
                 ns.remove(netns)
             raise
+        try:
+            ns.run_in(netns, lambda: iptables.install_hold(HOLD_QUEUE))
+        except (SandgateError, OSError):
+            return False  # the join tries again, and says why it cannot
+        return True
 
     def _drop_warm(self, link: GuestLink, netns: str) -> None:
         self.plumber.detach_guest(link)
         ns.remove(netns)
 
-    def _start_hold(self, guest: str, netns: str, root_pid: int | None) -> ProcessHold | None:
+    def _start_hold(
+        self, guest: str, netns: str, root_pid: int | None, rules_in: bool = False
+    ) -> ProcessHold | None:
         """The process hold of a guest (on a worker thread); without it (no iptables, an odd
-        kernel) only uids are known, which is said and is no reason to refuse the guest."""
+        kernel) only uids are known, which is said and is no reason to refuse the guest.
+        ``rules_in``: its queue rules are in the namespace already (a warm one)."""
         loop = self.sink_loop
 
         def report(key: FlowKey, uid: int | None, process: dict[str, Any] | None) -> None:
@@ -475,7 +494,7 @@ class Lifecycle:
             extra = {"process": process} if process is not None else {}
             loop.call_soon_threadsafe(lambda: self.feed.sender(key, uid, **extra))
 
-        hold = ProcessHold(guest, netns, report, root_pid)
+        hold = ProcessHold(guest, netns, report, root_pid, rules_in=rules_in)
         try:
             hold.start()
         except (SandgateError, OSError) as exc:

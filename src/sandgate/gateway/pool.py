@@ -64,12 +64,13 @@ class Warm:
     index: int
     link: GuestLink
     netns: str
+    hold: bool = False  # the process hold's queue rules are in too (its join skips them)
 
 
 class WarmPool:
     """Ready namespaces for the next joins. ``make(link, netns)`` builds one (blocking, run on
-    the netlink thread through ``nl``), undoing its own part if it fails; ``drop(link, netns)``
-    removes a made one nobody joined with.
+    the netlink thread through ``nl``), undoing its own part if it fails, and says whether the
+    process hold's rules went in too; ``drop(link, netns)`` removes a made one nobody joined with.
     """
 
     def __init__(
@@ -78,7 +79,7 @@ class WarmPool:
         run_dir: Path,
         size: int,
         free_index: Callable[[set[int]], int],
-        make: Callable[[GuestLink, str], None],
+        make: Callable[[GuestLink, str], bool],
         drop: Callable[[GuestLink, str], None],
         link_for: Callable[[int], GuestLink],
         nl: NetlinkCall,
@@ -151,7 +152,7 @@ class WarmPool:
         try:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             (self.folder / netns).touch()  # before it exists: a crash while making it is swept
-            await self._nl(self._make, link, netns)
+            hold = bool(await self._nl(self._make, link, netns))
         except Exception as exc:  # ``make`` undid its own part (it alone knows what it made)
             self.failed = str(exc)
             sys.stderr.write(f"sandgate gateway: no warm guest namespace ({exc})\n")
@@ -159,7 +160,7 @@ class WarmPool:
             return
         finally:
             self.making.discard(index)
-        self.ready.append(Warm(index, link, netns))
+        self.ready.append(Warm(index, link, netns, hold))
 
     def _prune(self) -> None:
         """Forget handed-out namespaces whose runner removed them without joining (it died or

@@ -160,6 +160,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     usage: limits.Usage | None = None
     before: dict[str, str | None] = {}
     retain: threading.Thread | None = None
+    snapping: ControlClient | None = None  # the drift snapshot before, asked and not read yet
     destroyed = False  # the sandbox's namespace and folders are gone
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
     if opts.vm is not None:
@@ -188,15 +189,14 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                 )
                 box.prepare(entry, capture=capture, echo=opts.echo)
         with t.phase("control add_guest") as ph:
-            guest = _add_guest(stack, box, sid, opts, uid)
+            guest, snapping = _add_guest(stack, box, sid, opts, uid)
             ph.steps = dict(guest.get("timing_ms") or {})
         with t.phase("noexec, sandbox files"):
             _noexec(stack, box, guest, opts)
             spec = _spec(stack, box, guest, opts, uid)
-        with t.phase("cgroup limits"):
-            _limit(cgroup, stack, guest, opts)
-            start_details["limits"] = cgroup.as_json()
         if vm is None:
+            # bwrap makes its namespaces and mounts while the limits are written: it stops
+            # at its --block-fd before the command, which runs only once they are set.
             with t.phase("sandbox set-up (held before exec)"), contextlib.suppress(CommandNotFound):
                 box.start(  # run() says "not found" in its place
                     spec,
@@ -205,8 +205,12 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     cgroups=cgroup.procs,
                     oom_score=limits.SANDBOX_OOM_SCORE,
                 )
+        with t.phase("cgroup limits"):
+            _limit(cgroup, stack, guest, opts)
+            start_details["limits"] = cgroup.as_json()
         with t.phase("drift snapshot before"):
-            before, _ = _snapshot(stack, box)
+            asked, snapping = snapping, None  # _snapshot closes it
+            before, _ = _snapshot(stack, box, asked=asked)
         t_row = t.begin("session row")
         store.session_start(
             sid,
@@ -270,6 +274,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     except Interrupted as exc:
         exit_code, message = 143, exc.message
     finally:
+        if snapping is not None:  # failed before reading it: nobody wants the answer
+            snapping.close()
         try:
             with t.phase("teardown: kill, cgroup"):
                 if box is not None:
@@ -572,10 +578,17 @@ def _warm_netns(stack: Stack) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int) -> dict[str, Any]:
+def _add_guest(
+    stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int
+) -> tuple[dict[str, Any], ControlClient]:
+    """The join, and the connection the drift snapshot before is asked on: right behind the
+    join (one connection's requests are answered in order, so it sees the guest joined), its
+    answer read once the sandbox is set up (``_snapshot``), so the gateway's part of it
+    overlaps the runner's files, limits and bwrap (issue 13)."""
     policy = _policy_of(stack, opts)
-    with stack.gateway.client() as ctl:
-        guest: dict[str, Any] = ctl.call(
+    ctl = stack.gateway.client()
+    try:
+        ctl.send(
             "add_guest",
             netns=box.netns,
             session=sid,
@@ -587,7 +600,12 @@ def _add_guest(stack: Stack, box: Sandbox, sid: str, opts: RunOptions, uid: int)
             uid=uid,
             **({"ask": True} if opts.ask else {}),
         )
-    return guest
+        ctl.send("snapshot")
+        guest: dict[str, Any] = ctl.receive()
+    except BaseException:
+        ctl.close()
+        raise
+    return guest, ctl
 
 
 def _spec(
@@ -624,13 +642,18 @@ def _spec(
 
 
 def _snapshot(
-    stack: Stack, box: Sandbox, removal: _Removal | None = None
+    stack: Stack,
+    box: Sandbox,
+    removal: _Removal | None = None,
+    asked: ControlClient | None = None,
 ) -> tuple[dict[str, str | None], dict[str, Any]]:
     """The drift snapshot, and the gateway's own answer (digest, expected digest).
-    ``removal``: asked on the same connection, right behind the snapshot."""
-    ctl = stack.gateway.client()
+    ``removal``: asked on the same connection, right behind the snapshot. ``asked``: a
+    connection the snapshot was asked on already (``_add_guest``): its answer is read there."""
+    ctl = asked or stack.gateway.client()
     try:
-        ctl.send("snapshot")
+        if asked is None:
+            ctl.send("snapshot")
         if removal is not None:
             removal.send_on(ctl)
         raw: dict[str, Any] = ctl.receive()

@@ -94,8 +94,16 @@ class ProcessTable:
 class ProcessHold:
     """The hold of one guest: its queue rule, its reader thread, its process finder."""
 
-    def __init__(self, guest: str, netns: str, report: Report, root_pid: int | None = None):
+    def __init__(
+        self,
+        guest: str,
+        netns: str,
+        report: Report,
+        root_pid: int | None = None,
+        rules_in: bool = False,  # its queue rules are in already (a warm namespace, pool.py)
+    ):
         self.guest = guest
+        self.rules_in = rules_in
         self.netns = netns
         self.report = report
         self.root_pid = root_pid
@@ -119,7 +127,8 @@ class ProcessHold:
             path, HOLD_QUEUE, copy_range=COPY, uid_gid=True, fail_open=True
         )
         try:
-            ns.run_in(self.netns, lambda: iptables.install_hold(HOLD_QUEUE))
+            if not self.rules_in:
+                ns.run_in(self.netns, lambda: iptables.install_hold(HOLD_QUEUE))
             self._finder = ProcessFinder(os.stat(path).st_ino, self.root_pid, netns_path=path)
         except BaseException:
             self._queue.close()
