@@ -739,14 +739,21 @@ class Lifecycle:
         # gone; no note(): the link's rules (its ingress chain too) went with its removal
         # batch, so deleting the link changes nothing the digest covers. The runner may delete
         # the guest's namespace meanwhile, which takes the link with it: gone already is fine.
+        with contextlib.suppress(Exception):
+            if guest.msg.get("handed"):  # handed to us: not ours to delete
+                await self._nl(self.plumber.release_guest, guest.link)
+            else:
+                await self._nl(self.plumber.detach_guest, guest.link)
+        # With its link gone nothing more comes from it: its tracked flows go before its slot,
+        # and so its addresses, can be given to the next guest. If they cannot, the slot stays
+        # taken rather than hand them on.
+        addresses = [str(guest.link.guest), str(guest.link.guest6)]
         try:
-            with contextlib.suppress(Exception):
-                if guest.msg.get("handed"):  # handed to us: not ours to delete
-                    await self._nl(self.plumber.release_guest, guest.link)
-                else:
-                    await self._nl(self.plumber.detach_guest, guest.link)
-        finally:
-            self.table.draining.discard(guest.link.ifname)
+            await self._nl(conntrack.forget, addresses)
+        except Exception as exc:
+            sys.stderr.write(f"sandgate gateway: forgetting the flows of {addresses}: {exc!r}\n")
+            return
+        self.table.draining.discard(guest.link.ifname)
 
     async def remove_all(self) -> None:
         for name in [g.link.ifname for g in self.table]:

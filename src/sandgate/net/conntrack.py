@@ -6,17 +6,21 @@ gateway; ``cut`` ends one: the guest's socket is destroyed in its own namespace 
 the kernel then sends the peer a reset and the guest's program gets ECONNABORTED), then the
 conntrack entry is deleted, so the next packet of the flow meets the new rules, which refuse it.
 A guest whose namespace the gateway cannot enter (a VM behind a gateway VM) loses only the entry.
+``forget`` deletes every entry of a leaving guest's addresses, so the next guest given them
+starts with none.
 
-Call both from the gateway's namespace (the daemon's own).
+Call them from the gateway's namespace (the daemon's own).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import socket
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +98,88 @@ def cut(flow: Flow, guest_netns: str | None) -> bool:
                 return False
             raise
     return True
+
+
+def forget(addresses: Iterable[str]) -> int:
+    """Delete every tracked flow that starts or ends at one of ``addresses``: a leaving guest's.
+    An entry outlives its guest (a UDP flow for minutes, a TCP flow whose guest vanished without
+    a FIN for days), and the next guest given the address would inherit it: ``ct state
+    established`` would accept that guest's packets of the same flow without a verdict. The
+    kernel filters the dump by address (5.8 and later); the match is checked here again, so an
+    older kernel only costs a longer dump. The number deleted."""
+    from pyroute2 import NFCTSocket
+    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
+    wanted = {ipaddress.ip_address(a) for a in addresses}
+    deleted = 0
+    for family in (socket.AF_INET, socket.AF_INET6):
+        mine = {a for a in wanted if (a.version == 4) == (family == socket.AF_INET)}
+        if not mine:
+            continue
+        # A ctnetlink request's family picks the table: one socket a family.
+        with NFCTSocket(nfgen_family=family) as ct:
+            found: dict[tuple[Any, ...], dict[str, Any]] = {}
+            for probe in _probes(family, mine):
+                for msg in ct.dump(tuple_orig=probe):
+                    tup = _orig_tuple(msg, family)
+                    if tup is not None and mine & {
+                        ipaddress.ip_address(tup["saddr"]),
+                        ipaddress.ip_address(tup["daddr"]),
+                    }:
+                        found[tuple(sorted(tup.items()))] = tup
+            for tup in found.values():
+                try:
+                    ct.entry("del", tuple_orig=NFCTAttrTuple(**tup))
+                except NetlinkError as exc:
+                    if exc.code != errno.ENOENT:  # ended on its own meanwhile: fine
+                        raise
+                else:
+                    deleted += 1
+    return deleted
+
+
+def _probes(
+    family: int, addresses: Iterable[ipaddress.IPv4Address | ipaddress.IPv6Address]
+) -> list[Any]:
+    """The dump filters for ``addresses``: each as source and as destination. The kernel (6.18
+    here) answers an IPv6 address filter with nothing, so IPv6 is dumped whole (its table holds
+    the few flows of guests with an IPv6 uplink)."""
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
+    if family == socket.AF_INET6:
+        return [None]
+    return [
+        NFCTAttrTuple(family=family, **{side: str(a)})
+        for a in addresses
+        for side in ("saddr", "daddr")
+    ]
+
+
+def _orig_tuple(msg: Any, family: int) -> dict[str, Any] | None:
+    """The original direction of a conntrack message as ``NFCTAttrTuple`` keywords."""
+    orig = msg.get_attr("CTA_TUPLE_ORIG")
+    if orig is None:
+        return None
+    ip, proto = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
+    if ip is None or proto is None:
+        return None
+    v = "V4" if family == socket.AF_INET else "V6"
+    icmp = "ICMP" if family == socket.AF_INET else "ICMPV6"
+    out: dict[str, Any] = {
+        "family": family,
+        "saddr": ip.get_attr(f"CTA_IP_{v}_SRC"),
+        "daddr": ip.get_attr(f"CTA_IP_{v}_DST"),
+        "proto": proto.get_attr("CTA_PROTO_NUM"),
+        "sport": proto.get_attr("CTA_PROTO_SRC_PORT"),
+        "dport": proto.get_attr("CTA_PROTO_DST_PORT"),
+        "icmp_id": proto.get_attr(f"CTA_PROTO_{icmp}_ID"),
+        "icmp_type": proto.get_attr(f"CTA_PROTO_{icmp}_TYPE"),
+        "icmp_code": proto.get_attr(f"CTA_PROTO_{icmp}_CODE"),
+    }
+    if out["saddr"] is None or out["daddr"] is None or out["proto"] is None:
+        return None
+    return out
 
 
 def _destroy(flow: Flow) -> int:
