@@ -172,3 +172,72 @@ def test_prove_passes_its_ipv6_probes(stack6: tuple[Stack, Path], mode: str) -> 
     assert not result.failed, "\n".join(f"{r.probe}: {r.why}" for r in result.failed)
     six = [r for r in result.results if r.group == "ipv6"]
     assert len(six) >= 7, [r.probe for r in six]
+
+
+HELD = r"""
+import socket, time
+s = socket.create_connection(("%(web)s", %(port)d), timeout=3)
+log = open("/work/log", "a", buffering=1)
+while True:
+    try:
+        s.sendall(b"x")
+        if s.recv(1) != b"x":
+            raise OSError("no echo")
+        log.write("ok\n")
+    except OSError as exc:
+        log.write(f"error {type(exc).__name__}\n")
+        break
+    time.sleep(0.1)
+"""
+
+
+def test_reload_cuts_an_ipv6_flow(stack6: tuple[Stack, Path], work: Path) -> None:
+    """A reload that refuses an IPv6 host ends the session's open flow to it, as it does an
+    IPv4 one (conntrack's IPv6 table is read and cut too)."""
+    import threading
+
+    from sandgate.gateway import manage
+    from sandgate.session.runner import RunOptions, RunResult, run_in
+
+    from .test_reload import Echo, _wait, _wait_prefix
+
+    stack, store = stack6
+    assert stack.world is not None
+    wan = next(n for n in stack.world.namespaces if n.endswith("-wan"))
+    port = 7313
+    server = Echo(wan, (WEB6,), port)
+    (work / "held.py").write_text(HELD % {"web": WEB6, "port": port})
+    stop = threading.Event()
+    box: list[RunResult] = []
+    opts = RunOptions(
+        command=["python3", "/work/held.py"],
+        world="test",
+        workdir=work,
+        timeout=60,
+        stop=stop,
+        store=str(store),
+        policy=str(work / "p.toml"),
+        profile="open6",
+    )
+    runner = threading.Thread(target=lambda: box.append(run_in(stack, opts)), daemon=True)
+    runner.start()
+    log = work / "log"
+    try:
+        _wait(log, "ok")
+        refusing = POLICY.replace(
+            'internet = "open"\n',
+            f'internet = "open"\ndeny = [ {{ host = "{WEB6}", name = "not any more" }} ]\n',
+            1,
+        )
+        (work / "p.toml").write_text(refusing)
+        r = manage.reload(stack.instance, work / "p.toml")
+        assert (r.guests, r.changed, r.cut) == (1, 1, 1)
+        assert _wait_prefix(log, "error", within=5) in (
+            "error ConnectionAbortedError",
+            "error ConnectionResetError",
+        )
+    finally:
+        stop.set()
+        runner.join(60)
+        server.close()
+        (work / "p.toml").write_text(POLICY)

@@ -51,17 +51,17 @@ class Echo:
     """A TCP echo server on the test world's public hosts, in its wan namespace: the listening
     sockets are made there, served from here."""
 
-    def __init__(self, netns: str) -> None:
-        self.listeners = [ns.run_in(netns, lambda a=a: self._listen(a)) for a in (KEPT, CUT)]
+    def __init__(self, netns: str, addresses: tuple[str, ...] = (KEPT, CUT), port: int = PORT):
+        self.listeners = [ns.run_in(netns, lambda a=a: self._listen(a, port)) for a in addresses]
         self.conns: list[socket.socket] = []
         for sock in self.listeners:
             threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
 
     @staticmethod
-    def _listen(address: str) -> socket.socket:
-        sock = socket.socket()
+    def _listen(address: str, port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, PORT))
+        sock.bind((address, port))
         sock.listen()
         return sock
 

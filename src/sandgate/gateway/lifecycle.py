@@ -621,7 +621,9 @@ class Lifecycle:
         those the new profile refuses, with an event each."""
         try:
             # pyroute2's sync sockets run an event loop of their own: not on this one's thread.
-            open_flows = self.netlink.submit(conntrack.flows, str(guest.link.guest)).result()
+            open_flows = self.netlink.submit(
+                conntrack.flows, str(guest.link.guest), str(guest.link.guest6)
+            ).result()
         except Exception as exc:
             print(f"sandgate: reading conntrack for {guest.link.ifname}: {exc}", file=sys.stderr)
             return 0

@@ -42,22 +42,31 @@ class Flow:
     dport: int
 
 
-def flows(source: str) -> list[Flow]:
-    """The TCP and UDP flows from ``source`` that the gateway forwards to their destination
-    unchanged. Flows redirected to the gateway itself (its resolver, its proxy: the reply comes
-    from another address or port) are left out: those are judged there, request by request."""
+def flows(*sources: str) -> list[Flow]:
+    """The TCP and UDP flows from ``sources`` (a guest's IPv4 and IPv6 addresses) that the
+    gateway forwards to their destination unchanged. Flows redirected to the gateway itself (its
+    resolver, its proxy: the reply comes from another address or port) are left out: those are
+    judged there, request by request."""
     from pyroute2 import NFCTSocket
 
     found: list[Flow] = []
-    with NFCTSocket() as ct:
-        for msg in ct.dump():
-            flow = _flow_of(msg)
-            if flow is not None and flow.src == source:
-                found.append(flow)
+    for family in (socket.AF_INET, socket.AF_INET6):
+        mine = {s for s in sources if _family(s) == family}
+        if not mine:
+            continue
+        with NFCTSocket(nfgen_family=family) as ct:  # a request's family picks the table
+            for msg in ct.dump():
+                flow = _flow_of(msg, family)
+                if flow is not None and flow.src in mine:
+                    found.append(flow)
     return found
 
 
-def _flow_of(msg: Any) -> Flow | None:
+def _family(address: str) -> int:
+    return socket.AF_INET if ipaddress.ip_address(address).version == 4 else socket.AF_INET6
+
+
+def _flow_of(msg: Any, family: int = socket.AF_INET) -> Flow | None:
     orig, reply = msg.get_attr("CTA_TUPLE_ORIG"), msg.get_attr("CTA_TUPLE_REPLY")
     if orig is None or reply is None:
         return None
@@ -68,11 +77,12 @@ def _flow_of(msg: Any) -> Flow | None:
     proto = _PROTOCOLS.get(o_pr.get_attr("CTA_PROTO_NUM"))
     if proto is None:
         return None
-    dst, dport = o_ip.get_attr("CTA_IP_V4_DST"), o_pr.get_attr("CTA_PROTO_DST_PORT")
-    if (r_ip.get_attr("CTA_IP_V4_SRC"), r_pr.get_attr("CTA_PROTO_SRC_PORT")) != (dst, dport):
+    v = "V4" if family == socket.AF_INET else "V6"
+    dst, dport = o_ip.get_attr(f"CTA_IP_{v}_DST"), o_pr.get_attr("CTA_PROTO_DST_PORT")
+    if (r_ip.get_attr(f"CTA_IP_{v}_SRC"), r_pr.get_attr("CTA_PROTO_SRC_PORT")) != (dst, dport):
         return None  # DNAT'd to the gateway's own resolver or proxy
     return Flow(
-        proto, o_ip.get_attr("CTA_IP_V4_SRC"), o_pr.get_attr("CTA_PROTO_SRC_PORT"), dst, dport
+        proto, o_ip.get_attr(f"CTA_IP_{v}_SRC"), o_pr.get_attr("CTA_PROTO_SRC_PORT"), dst, dport
     )
 
 
@@ -87,10 +97,16 @@ def cut(flow: Flow, guest_netns: str | None) -> bool:
     from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
     number = {v: k for k, v in _PROTOCOLS.items()}[flow.proto]
+    family = _family(flow.src)
     tup = NFCTAttrTuple(
-        saddr=flow.src, daddr=flow.dst, proto=number, sport=flow.sport, dport=flow.dport
+        family=family,
+        saddr=flow.src,
+        daddr=flow.dst,
+        proto=number,
+        sport=flow.sport,
+        dport=flow.dport,
     )
-    with NFCTSocket() as ct:
+    with NFCTSocket(nfgen_family=family) as ct:
         try:
             ct.entry("del", tuple_orig=tup)
         except NetlinkError as exc:
@@ -114,7 +130,7 @@ def forget(addresses: Iterable[str]) -> int:
     wanted = {ipaddress.ip_address(a) for a in addresses}
     deleted = 0
     for family in (socket.AF_INET, socket.AF_INET6):
-        mine = {a for a in wanted if (a.version == 4) == (family == socket.AF_INET)}
+        mine = {a for a in wanted if _family(str(a)) == family}
         if not mine:
             continue
         # A ctnetlink request's family picks the table: one socket a family.
