@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -35,6 +36,7 @@ from bench.stack import BenchStack, bench_stack
 from sandgate.events.schema import Kind
 from sandgate.events.store import Store
 from sandgate.net import ns
+from sandgate.net.netlink import run_in_netns
 from sandgate.sandbox.workspace import SESSIONS_ROOT, our_mounts
 from sandgate.session.runner import RunOptions, run_in
 from sandgate.world import loadgen
@@ -88,6 +90,26 @@ def _links(pid: int) -> int:
     return len(out.splitlines())
 
 
+def _guest_flows(bs: BenchStack) -> int:
+    """Tracked flows in the gateway from a guest address of the pool, the canary's last /30
+    left out (the watchdog's): a guest that left must leave none, or the next guest given its
+    address inherits them."""
+    from pyroute2 import NFCTSocket
+
+    pool = ipaddress.ip_network(bs.stack.config.guest_pool if bs.stack.config else "10.201.0.0/16")
+    first, canary = int(pool.network_address), int(pool.broadcast_address) - 3
+
+    def count() -> int:
+        with NFCTSocket() as ct:
+            found = 0
+            for msg in ct.dump():
+                ip = msg.get_attr("CTA_TUPLE_ORIG").get_attr("CTA_TUPLE_IP")
+                found += first <= int(ipaddress.ip_address(ip.get_attr("CTA_IP_V4_SRC"))) < canary
+            return found
+
+    return run_in_netns(f"/proc/{bs.stack.gateway.pid}/ns/net", count)
+
+
 def _cgroups() -> list[str]:
     found: list[str] = []
     for root, dirs, _ in os.walk("/sys/fs/cgroup"):
@@ -120,6 +142,7 @@ def kernel_objects(bs: BenchStack) -> dict[str, Any]:
         "nft": _nft_objects(pid),
         "mounts": [str(m) for m in our_mounts(SESSIONS_ROOT)],
         "cgroups": _cgroups(),
+        "guest_flows": _guest_flows(bs),
         "session_dirs": sorted(p.name for p in SESSIONS_ROOT.glob("*"))
         if SESSIONS_ROOT.is_dir()
         else [],
@@ -143,6 +166,7 @@ def leaked(
     # The warm pool's links are counted out: each ready namespace's is made ahead by design.
     links = [o["gateway_links"] - o.get("warm_ready", 0) for o in (before, after)]
     out["gateway_links"] = max(0, links[1] - links[0])
+    out["guest_flows"] = max(0, after.get("guest_flows", 0) - before.get("guest_flows", 0))
     for kind in set(before["nft"]) | set(after["nft"]):
         out[f"nft_{kind}"] = max(0, after["nft"].get(kind, 0) - before["nft"].get(kind, 0))
     return out
@@ -439,6 +463,7 @@ def part_rules(bs: BenchStack, quick: bool, n: int = 100_000) -> dict[str, Any]:
 
 
 # -- soak --------------------------------------------------------------------------------------
+
 
 def part_soak(bs: BenchStack, sessions: int, concurrent: int) -> dict[str, Any]:
     pid = bs.stack.gateway.pid
