@@ -148,6 +148,18 @@ def test_process_table_waits_briefly_and_stays_bounded() -> None:
     assert table.identity(("g3", "tcp", 2, "x", 1)) == (None, ())
 
 
+def test_a_leaving_guests_flows_are_forgotten() -> None:
+    """A later guest given the link (and address) must not find the first one's executable
+    for a flow with the same ports."""
+    table = ProcessTable()
+    mine, other = ("g3", "tcp", 40001, "203.0.113.30", 443), ("g4", "tcp", 40001, "x", 443)
+    table.put(mine, {"exe": GIT})
+    table.put(other, {"exe": GIT})
+    table.forget("g3")
+    assert table.identity(mine, wait=0) == (None, ())
+    assert table.exe(other, wait=0) == GIT
+
+
 PY = "/usr/bin/python3.11"
 UNDER = f"""\
 [profiles.p]

@@ -719,6 +719,7 @@ class Lifecycle:
                 elif guest.hold is not None:
                     await loop.run_in_executor(None, guest.hold.stop)
                 await self.resolver.stop_guest(guest.dns)
+                self.processes.forget(name)
                 if guest.proxy is not None:
                     await loop.run_in_executor(None, self.proxy.stop_guest, guest.proxy)
                 await loop.run_in_executor(None, self.hostlo.stop_guest, guest.link)

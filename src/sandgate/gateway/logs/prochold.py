@@ -82,6 +82,14 @@ class ProcessTable:
                 self._exes.popitem(last=False)
             self._cond.notify_all()
 
+    def forget(self, guest: str) -> None:
+        """Drop a leaving guest's flows: its link name and address go to a later guest, whose
+        flow with the same ports must not find this one's executable (its hold may be missing,
+        or not have reported yet)."""
+        with self._cond:
+            for key in [k for k in self._exes if k[0] == guest]:
+                del self._exes[key]
+
     def identity(self, key: FlowKey, wait: float = 0.5) -> Identity:
         with self._cond:
             self._cond.wait_for(lambda: key in self._exes, timeout=wait)
