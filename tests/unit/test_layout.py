@@ -25,7 +25,7 @@ EXPORTS = {
     "sandgate.events": ["chain", "ocsf", "redact", "schema", "store", "verify"],
     "sandgate.export": ["cilium", "gatewayvm", "k8s", "space", "unexpressed"],
     "sandgate.gateway": [
-        "approvals", "config", "control", "daemon", "dns", "guests", "handed", "hostlo",
+        "approvals", "config", "control", "daemon", "dns", "guests", "handed", "heap", "hostlo",
         "integrity", "lifecycle", "logfeed", "logs", "manage", "pool", "proxy", "registry",
         "reload", "selfcheck", "server", "sink", "watchdog",
     ],

@@ -25,7 +25,7 @@ from sandgate import cleanup
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event, FlowKey, Kind
 from sandgate.events.store import home_of
-from sandgate.gateway import registry
+from sandgate.gateway import heap, registry
 from sandgate.gateway.approvals import Approvals
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import GuestDNS, PinTags, Resolver
@@ -757,6 +757,8 @@ class Lifecycle:
             sys.stderr.write(f"sandgate gateway: forgetting the flows of {addresses}: {exc!r}\n")
             return
         self.table.draining.discard(guest.link.ifname)
+        # What its join and leave freed goes back to the system (heap.py); off the loop.
+        await asyncio.get_running_loop().run_in_executor(None, heap.trim)
 
     async def remove_all(self) -> None:
         for name in [g.link.ifname for g in self.table]:
