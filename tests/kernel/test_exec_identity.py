@@ -386,3 +386,46 @@ def test_a_prepared_sandbox_whose_command_is_missing_says_so() -> None:
         assert box.proc is not None and box.proc.poll() is not None
     finally:
         box.destroy()
+
+
+def test_parallel_sessions_build_sandgate_enter_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suite's parallel sessions on a fresh boot all ask for sandgate-enter at once: one
+    builds it, the others get the same file (they used to write one partial file together and
+    fail with ENOENT or ETXTBSY)."""
+    import shutil
+    import tempfile
+    import threading
+
+    from sandgate.gateway.config import RUN_ROOT
+
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    where = Path(tempfile.mkdtemp(dir=RUN_ROOT, prefix="sg-build-"))
+    where.chmod(0o755)
+    monkeypatch.setattr(enter, "HELPER_DIR", where)
+    enter._helper.cache_clear()
+    try:
+        start = threading.Barrier(6)
+        got: list[object] = []
+
+        def ask() -> None:
+            start.wait()
+            try:
+                got.append(enter.helper())
+            except Exception as exc:
+                got.append(exc)
+
+        threads = [threading.Thread(target=ask) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(set(map(str, got))) == 1, got
+        path = got[0]
+        assert isinstance(path, str) and Path(path).parent == where, got
+        assert os.access(path, os.X_OK)
+        assert [p.name for p in where.iterdir()] == [Path(path).name]  # no partial file left
+    finally:
+        enter._helper.cache_clear()
+        shutil.rmtree(where, ignore_errors=True)

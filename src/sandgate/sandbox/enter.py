@@ -48,6 +48,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,12 +244,18 @@ def _read_all(fd: int) -> str:
 
 def helper() -> str | None:
     """sandgate-enter for this source, built on first use; None where it cannot be. Looked up
-    once per process, and again if the file went (a reboot empties /run)."""
-    found = _helper()
-    if found is not None and not os.path.exists(found):
-        _helper.cache_clear()
+    once per process, and again if the file went (a reboot empties /run). One thread builds
+    (a suite's parallel sessions all ask at once); the others wait for its answer."""
+    with _BUILDING:
         found = _helper()
-    return found
+        if found is not None and not os.path.exists(found):
+            _helper.cache_clear()
+            found = _helper()
+        return found
+
+
+_BUILDING = threading.Lock()
+STALE_BUILD = 3600.0  # seconds: a build of another source older than this is deleted
 
 
 @functools.cache
@@ -268,20 +276,29 @@ def _helper() -> str | None:
         return None
     if sys.stderr.isatty():
         sys.stderr.write("sandgate: building sandgate-enter (once per boot)\n")
-    partial = HELPER_DIR / f".{target.name}.{os.getpid()}"
+    # Another process may build beside us: each writes a file of its own, then renames it.
+    partial = HELPER_DIR / f".{target.name}.{os.getpid()}.{threading.get_ident()}"
     for static in (["-static"], []):  # static: no dynamic loader at each exec
         build = [compiler, "-O2", "-Wall", *static, "-o", str(partial), str(SOURCE)]
         if subprocess.run(build, capture_output=True, check=False).returncode == 0:
             os.chmod(partial, 0o755)
             os.replace(partial, target)  # atomic: a runner building beside us is harmless
-            for old in HELPER_DIR.glob("sandgate-enter-*"):  # builds of older sources
-                if old != target:
-                    with contextlib.suppress(OSError):
-                        old.unlink()
+            _forget_stale(target)
             return str(target)
     with contextlib.suppress(OSError):
         partial.unlink()
     return None
+
+
+def _forget_stale(target: Path) -> None:
+    """Delete builds of other sources not made lately: an older sandgate's, after an upgrade.
+    One made lately may be another installed version's, in use (it would rebuild, but a
+    session starting at that moment would fail)."""
+    now = time.time()
+    for old in HELPER_DIR.glob("sandgate-enter-*"):
+        with contextlib.suppress(OSError):
+            if old != target and now - old.stat().st_mtime > STALE_BUILD:
+                old.unlink()
 
 
 def _trusted(path: Path) -> bool:
