@@ -470,7 +470,7 @@ class Resolver:
             addresses=ans.addresses,
             ttl=ans.ttl,
             pins=(bool(pins) or inspect) and bool(ans.addresses),
-            pin=tuple(p.tag for p in pins),
+            pin=tuple([p.tag for p in pins]) if pins else (),
             inspect=inspect,
             made=now,
         )

@@ -86,7 +86,7 @@ class Upstream:
         if self._transport is None:
             done(None, OSError("the upstream socket is not open"))
             return
-        self._try(_Asked(query, done, self.servers[0], list(self.servers[1:])))
+        self._try(_Asked(query, done, self.servers[0], self.servers[1:]))  # a new list
 
     async def ask(self, query: bytes) -> bytes:
         """``send`` for coroutines: the answer, or TimeoutError/OSError."""
