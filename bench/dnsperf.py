@@ -91,8 +91,9 @@ class DnsRun:
         out["loop_cpu_us_per_query"] = self.resolver_loop_cores / q * 1e6 if q else None
         # What travels off this loaded 2-core machine: the answers one free core would give at
         # this CPU per question, and the cores the bench's own upstream and dnsperf (which share
-        # the machine with the resolver) would need at the goal's rate; 2 minus those is what is
-        # left for the resolver there.
+        # the machine with the resolver) would need at the goal's rate at their cost per question
+        # here (an upper bound: at low rates every packet wakes its reader; bench.resolverloop's
+        # floor round measures them near 20k); 2 minus those is what is left for the resolver.
         out["free_core_qps"] = 1e6 / out["cpu_us_per_query"] if out["cpu_us_per_query"] else None
         up, gen = self.upstream_cores, self.generator_cores
         known = q is not None and not math.isnan(up) and not math.isnan(gen)

@@ -19,7 +19,9 @@ round, interleaved:
 - ``floor``: a forwarder that only swaps ids, on the same loop, sockets and load: what the I/O
   alone costs one process (no parse, no policy, no event).
 
-Every round gives the collector's CPU per question by generation (``gc_us_per_query``).
+Every round gives the collector's CPU per question by generation (``gc_us_per_query``), and
+what the upstream dnsmasq and dnsperf spent per question (``upstream_us_per_query``,
+``generator_us_per_query``): the bench's own share of the machine at that rate.
 
 No namespaces, no sandbox, no nftables: beside ``bench/run foundation --only dns`` this leaves
 out the veth and the guest's netfilter, so it shows the Python work, and changes to it, with
@@ -69,11 +71,36 @@ SECONDS = 3.0
 UID = 61000
 
 
+_UPSTREAM_PID = [0]
+
+
+def _others() -> tuple[float, float]:
+    """CPU seconds so far of the upstream dnsmasq and of the finished dnsperf runs (children
+    waited for): what the bench's own parts cost beside the resolver."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        with open(f"/proc/{_UPSTREAM_PID[0]}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        upstream = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        upstream = float("nan")
+    return upstream, children.ru_utime + children.ru_stime
+
+
+def _bench_cost(before: tuple[float, float], n: int) -> dict[str, float]:
+    upstream, generator = _others()
+    return {
+        "upstream_us_per_query": (upstream - before[0]) / n * 1e6,
+        "generator_us_per_query": (generator - before[1]) / n * 1e6,
+    }
+
+
 @contextmanager
 def _upstream() -> Iterator[None]:
     argv = dnsmasq_argv(UPSTREAM, f"--address=/{ZONE}/198.51.100.7", "--local-ttl=300")
     argv.remove("--except-interface=lo")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _UPSTREAM_PID[0] = proc.pid
     try:
         time.sleep(0.3)
         yield
@@ -170,6 +197,7 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     args += ["-c", "4", "-v"] + (["-q", "1000", "-Q", "20000"] if cached else ["-q", "200"])
     args += [] if cached else ["-n", "1"]
     before, asked = resource.getrusage(resource.RUSAGE_SELF), resolver.questions
+    others = _others()
     loop_before = time.thread_time()
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
@@ -211,6 +239,7 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
         / n
         * 1e6,
         "sys_us_per_query": (after.ru_stime - before.ru_stime) / n * 1e6,
+        **_bench_cost(others, n),
         "gc_us_per_query": [c / n * 1e6 for c in gc_cpu],
         "split_us_per_query": split_us,
         "gc_full_passes": len(pauses),
@@ -313,7 +342,7 @@ async def _floor(work: Path) -> dict[str, Any]:
     names.write_text("".join(f"q{i}.{tag}.{ZONE} A\n" for i in range(int(60_000 * SECONDS))))
     args = ["dnsperf", "-s", listen, "-d", str(names), "-l", f"{SECONDS:g}", "-t", "2"]
     args += ["-c", "4", "-q", "200", "-n", "1"]
-    before = resource.getrusage(resource.RUSAGE_SELF)
+    before, others = resource.getrusage(resource.RUSAGE_SELF), _others()
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     after = resource.getrusage(resource.RUSAGE_SELF)
@@ -330,6 +359,7 @@ async def _floor(work: Path) -> dict[str, Any]:
         "qps": float(found.group(1)) if found else float("nan"),
         "cpu_us_per_query": cpu / n * 1e6,
         "sys_us_per_query": (after.ru_stime - before.ru_stime) / n * 1e6,
+        **_bench_cost(others, n),
     }
 
 
