@@ -26,6 +26,7 @@ What is decided is policy/'s (``policy.dnsnames.judge_question`` and ``judge_ali
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -225,7 +226,7 @@ def judge_answer(
             if refused is not None:
                 wire = blocked(q, refused, code=EDE_FILTERED)
                 return Answer(wire, (), 0, dns.rcode.NXDOMAIN, refused, str(address))
-            shown.append(str(address))
+            shown.append(socket.inet_ntoa(raw))  # str(address)'s text, in C
         # The answer as it came, under the guest's id and spelling of the name: the reader
         # checked every byte of it.
         reply = with_question(upstream, q.wire, q.name_end)
