@@ -24,6 +24,7 @@ other work on this 2-core machine takes the cores (the qps figures do not).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import secrets
@@ -88,6 +89,17 @@ class DnsRun:
         q = self.qps if self.qps == self.qps and self.qps > 0 else None
         out["cpu_us_per_query"] = self.resolver_cores / q * 1e6 if q else None
         out["loop_cpu_us_per_query"] = self.resolver_loop_cores / q * 1e6 if q else None
+        # What travels off this loaded 2-core machine: the answers one free core would give at
+        # this CPU per question, and the cores the bench's own upstream and dnsperf (which share
+        # the machine with the resolver) would need at the goal's rate at their cost per question
+        # here (an upper bound: at low rates every packet wakes its reader; bench.resolverloop's
+        # floor round measures them near 20k); 2 minus those is what is left for the resolver.
+        out["free_core_qps"] = 1e6 / out["cpu_us_per_query"] if out["cpu_us_per_query"] else None
+        up, gen = self.upstream_cores, self.generator_cores
+        known = q is not None and not math.isnan(up) and not math.isnan(gen)
+        out["upstream_cpu_us_per_query"] = up / q * 1e6 if known and q else None
+        out["generator_cpu_us_per_query"] = gen / q * 1e6 if known and q else None
+        out["bench_cores_at_goal"] = (up + gen) / q * GOAL_QPS if known and q else None
         return out
 
 

@@ -10,7 +10,18 @@ round, interleaved:
 - ``uncached``: every question a new name, as fast as answers come (``-q 200``);
 - ``uncached, no store``: the same with the store's write skipped: what the row costs;
 - ``cached 20k``: one name offered at 20,000/s, with the loop's stalls: each 1 ms tick's wall
-  gap beside this thread's own CPU in it (a gap without CPU is a wait for a core).
+  gap beside this thread's own CPU in it (a gap without CPU is a wait for a core);
+- ``uncached, full cache``: ``uncached`` with 40,000 answers already cached, as a gateway's
+  cache is after a while: the garbage collector's full passes walk every entry;
+- ``uncached, split``: ``uncached`` with the loop thread's CPU split (``split_us_per_query``):
+  a question (its upstream send apart), an answer (its send to the guest apart), the rest of
+  the loop, and the other threads (the store's writer);
+- ``floor``: a forwarder that only swaps ids, on the same loop, sockets and load: what the I/O
+  alone costs one process (no parse, no policy, no event).
+
+Every round gives the collector's CPU per question by generation (``gc_us_per_query``), and
+what the upstream dnsmasq and dnsperf spent per question (``upstream_us_per_query``,
+``generator_us_per_query``): the bench's own share of the machine at that rate.
 
 No namespaces, no sandbox, no nftables: beside ``bench/run foundation --only dns`` this leaves
 out the veth and the guest's netfilter, so it shows the Python work, and changes to it, with
@@ -31,18 +42,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any
 
+import dns.message
+
 from bench.stack import dnsmasq_argv
 from sandgate.events.schema import Event, FlowKey
 from sandgate.events.store import Store
-from sandgate.gateway.dns.resolver import GuestDNS, Resolver
+from sandgate.gateway.dns import dnslogic
+from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _entry
 from sandgate.gateway.sink import EventSink
 from sandgate.net.compile import GuestLink
+from sandgate.policy.dnsnames import judge_question
 from sandgate.policy.load import parse_policy
 
 UPSTREAM = "127.9.1.2"
@@ -56,11 +71,36 @@ SECONDS = 3.0
 UID = 61000
 
 
+_UPSTREAM_PID = [0]
+
+
+def _others() -> tuple[float, float]:
+    """CPU seconds so far of the upstream dnsmasq and of the finished dnsperf runs (children
+    waited for): what the bench's own parts cost beside the resolver."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        with open(f"/proc/{_UPSTREAM_PID[0]}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        upstream = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        upstream = float("nan")
+    return upstream, children.ru_utime + children.ru_stime
+
+
+def _bench_cost(before: tuple[float, float], n: int) -> dict[str, float]:
+    upstream, generator = _others()
+    return {
+        "upstream_us_per_query": (upstream - before[0]) / n * 1e6,
+        "generator_us_per_query": (generator - before[1]) / n * 1e6,
+    }
+
+
 @contextmanager
 def _upstream() -> Iterator[None]:
     argv = dnsmasq_argv(UPSTREAM, f"--address=/{ZONE}/198.51.100.7", "--local-ttl=300")
     argv.remove("--except-interface=lo")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _UPSTREAM_PID[0] = proc.pid
     try:
         time.sleep(0.3)
         yield
@@ -103,6 +143,9 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     sink.bind(loop)
     guest = GuestDNS(LINK, "bench", PROFILE, "p")
     await resolver.start_guest(guest)
+    if load.endswith("full cache"):
+        _fill(resolver, guest, FULL_CACHE)
+    split = _split(resolver, guest) if load.endswith("split") else None
 
     async def ticker() -> None:  # the gateway's (server.py _ticker)
         while True:
@@ -123,7 +166,15 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     pauses: list[float] = []
     started = [0.0]
 
+    gc_cpu = [0.0, 0.0, 0.0]
+    gc_started = [0.0]
+
     def on_gc(phase: str, info: dict[str, int]) -> None:
+        # The pass runs on the thread that allocated past the threshold: its own CPU time.
+        if phase == "start":
+            gc_started[0] = time.thread_time()
+        else:
+            gc_cpu[info["generation"]] += time.thread_time() - gc_started[0]
         if info["generation"] == 2:
             if phase == "start":
                 started[0] = time.perf_counter()
@@ -146,9 +197,12 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     args += ["-c", "4", "-v"] + (["-q", "1000", "-Q", "20000"] if cached else ["-q", "200"])
     args += [] if cached else ["-n", "1"]
     before, asked = resource.getrusage(resource.RUSAGE_SELF), resolver.questions
+    others = _others()
+    loop_before = time.thread_time()
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     after, answered = resource.getrusage(resource.RUSAGE_SELF), resolver.questions - asked
+    loop_cpu = time.thread_time() - loop_before
     for task in tasks:
         task.cancel()
     gc.callbacks.remove(on_gc)
@@ -167,6 +221,12 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
         stored = store._db.execute("SELECT sum(count) FROM events").fetchone()[0]
     store.close()
     worst = max(stalls, default=(0.0, 0.0))
+    process_cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    split_us = None
+    if split is not None:
+        split_us = {k: v / n * 1e6 for k, v in split.items()}
+        split_us["loop_rest"] = (loop_cpu - split["question"] - split["answer"]) / n * 1e6
+        split_us["other_threads"] = (process_cpu - loop_cpu) / n * 1e6
     return {
         "load": load,
         "answered": answered,
@@ -179,6 +239,9 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
         / n
         * 1e6,
         "sys_us_per_query": (after.ru_stime - before.ru_stime) / n * 1e6,
+        **_bench_cost(others, n),
+        "gc_us_per_query": [c / n * 1e6 for c in gc_cpu],
+        "split_us_per_query": split_us,
         "gc_full_passes": len(pauses),
         "gc_full_max_ms": max(pauses, default=0.0) * 1e3,
         "worst_stall_ms": worst[0] * 1e3 if cached else None,
@@ -187,12 +250,129 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     }
 
 
+FULL_CACHE = 40_000
+
+
+def _fill(resolver: Resolver, guest: GuestDNS, count: int) -> None:
+    """``count`` answers in the cache, each with its own verdict, as uncached questions left
+    them (an entry and its Decision: the two objects per answer the collector walks)."""
+    tag = secrets.token_hex(3)
+    for i in range(count):
+        wire = dns.message.make_query(f"f{i}.{tag}.{ZONE}", "A", id=i & 0xFFFF).to_wire()
+        q = dnslogic.parse_question(wire)
+        entry = _entry(
+            wire,
+            time.monotonic() + 300,
+            q,
+            judge_question(PROFILE, q.name, q.qtype),
+            rcode=0,
+            addresses=("198.51.100.7",),
+            ttl=300,
+        )
+        key = dnslogic.cache_key(wire)
+        assert key is not None
+        entry.query = wire
+        resolver._cache[(guest.profile_key, key)] = entry
+
+
+class _Timed:
+    """A transport whose sendto's CPU is added up (the loop thread's own)."""
+
+    def __init__(self, transport: Any, acc: dict[str, float], key: str) -> None:
+        self.transport, self.acc, self.key = transport, acc, key
+
+    def sendto(self, data: bytes, addr: Any = None) -> None:
+        t = time.thread_time()
+        self.transport.sendto(data, addr)
+        self.acc[self.key] += time.thread_time() - t
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+def _split(resolver: Resolver, guest: GuestDNS) -> dict[str, float]:
+    """Time the loop's two callbacks per question and the two sends inside them."""
+    acc = {"question": 0.0, "question_send": 0.0, "answer": 0.0, "answer_send": 0.0}
+
+    def timed(fn: Callable[[bytes, Any], None], key: str) -> Callable[[bytes, Any], None]:
+        def run(data: bytes, addr: Any) -> None:
+            t = time.thread_time()
+            fn(data, addr)
+            acc[key] += time.thread_time() - t
+
+        return run
+
+    front = guest.udp.get_protocol()
+    front.transport = _Timed(front.transport, acc, "answer_send")
+    front.datagram_received = timed(front.datagram_received, "question")
+    upstream = resolver.upstream
+    assert upstream._transport is not None
+    back: Any = upstream._transport.get_protocol()
+    back.datagram_received = timed(back.datagram_received, "answer")
+    upstream._transport = _Timed(upstream._transport, acc, "question_send")  # type: ignore[assignment]
+    return acc
+
+
+async def _floor(work: Path) -> dict[str, Any]:
+    """The I/O alone: questions forwarded under a random id, answers back under the asker's."""
+    loop = asyncio.get_running_loop()
+    waiting: dict[bytes, tuple[Any, bytes, Any]] = {}
+    listen = str(LINK.gateway)
+
+    class Back(asyncio.DatagramProtocol):
+        def datagram_received(self, data: bytes, addr: Any) -> None:
+            asked = waiting.pop(data[:2], None)
+            if asked is not None:
+                asked[0].sendto(asked[1] + data[2:], asked[2])
+
+    back, _ = await loop.create_datagram_endpoint(Back, local_addr=("0.0.0.0", 0))
+
+    class Front(asyncio.DatagramProtocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def datagram_received(self, data: bytes, addr: Any) -> None:
+            qid = os.urandom(2)
+            waiting[qid] = (self.transport, data[:2], addr)
+            back.sendto(qid + data[2:], (UPSTREAM, 53))
+
+    front, _ = await loop.create_datagram_endpoint(Front, local_addr=(listen, 53))
+    names = work / "q.txt"
+    tag = secrets.token_hex(3)
+    names.write_text("".join(f"q{i}.{tag}.{ZONE} A\n" for i in range(int(60_000 * SECONDS))))
+    args = ["dnsperf", "-s", listen, "-d", str(names), "-l", f"{SECONDS:g}", "-t", "2"]
+    args += ["-c", "4", "-q", "200", "-n", "1"]
+    before, others = resource.getrusage(resource.RUSAGE_SELF), _others()
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    front.close()
+    back.close()
+    text = out.decode()
+    found = re.search(r"Queries per second:\s+([0-9.]+)", text)
+    done = re.search(r"Queries completed:\s+([0-9]+)", text)
+    n = max(int(done.group(1)) if done else 0, 1)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {
+        "load": "floor",
+        "answered": n,
+        "qps": float(found.group(1)) if found else float("nan"),
+        "cpu_us_per_query": cpu / n * 1e6,
+        "sys_us_per_query": (after.ru_stime - before.ru_stime) / n * 1e6,
+        **_bench_cost(others, n),
+    }
+
+
+LOADS = ("uncached", "uncached, no store", "uncached, full cache", "uncached, split", "cached 20k")
+
+
 async def _main(rounds: int) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sg-resolverloop-") as d, _upstream():
         for _ in range(rounds):
-            for load in ("uncached", "uncached, no store", "cached 20k"):
+            for load in LOADS:
                 runs.append(await _round(load, Path(d)))
+            runs.append(await _floor(Path(d)))
     summary: dict[str, Any] = {}
     for load in dict.fromkeys(r["load"] for r in runs):
         mine = [r for r in runs if r["load"] == load]

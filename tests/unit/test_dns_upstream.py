@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import random
 import socket
 import threading
 import time
@@ -129,3 +130,15 @@ def test_query_ids_are_random_and_never_in_flight_twice() -> None:
     assert steps < 20, steps  # a counter would give 1999
     assert up.same_question(_query(u, b"Ab"), _answer_to(_query(u, b"aB")))
     assert not up.same_question(_query(u, b"ab"), _answer_to(_query(u, b"ac")))
+
+
+def test_a_new_id_is_never_one_in_flight() -> None:
+    """Ids come in blocks of random bytes; one already waiting is drawn again, never reused."""
+    u = up.Upstream([SERVER])
+    # Just under the in-flight bound: 5,537 ids free.
+    u._waiting = dict.fromkeys(random.Random(13).sample(range(1 << 16), 59_999))  # type: ignore[arg-type]
+    drawn = [u.new_id() for _ in range(3000)]  # ~11 in 12 draws hit one in flight
+    assert not set(drawn) & u._waiting.keys()
+    u._waiting[drawn[0]] = None  # type: ignore[assignment]
+    with pytest.raises(OSError, match="too many"):  # 60,000 in flight: none is drawn
+        u.new_id()

@@ -8,7 +8,7 @@ are random: an off-path sender that spoofs the server must guess the id for ever
 from __future__ import annotations
 
 import asyncio
-import secrets
+import os
 import socket
 import struct
 import time
@@ -24,6 +24,9 @@ UPSTREAM_TIMEOUT = 2.0
 # dropped answer costs the guest UPSTREAM_TIMEOUT and a SERVFAIL.
 UDP_RCVBUF = 8 << 20
 SWEEP_INTERVAL = 0.25  # how often questions past their upstream deadline are looked for
+# Query ids come from the kernel's CSPRNG in blocks: one getrandom() for 2,048 ids, not one per
+# question (secrets.randbits made a syscall and ~10 Python calls per id).
+ID_BLOCK = 4096
 
 Answered = Callable[[bytes | None, BaseException | None], None]
 
@@ -51,14 +54,20 @@ class Upstream:
         self._waiting: dict[int, _Asked] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._tcp_tasks: set[asyncio.Future[None]] = set()
+        self._ids: memoryview = memoryview(b"").cast("H")
+        self._next_id = 0
 
     def new_id(self) -> int:
         """A random id no question in flight has (sequential ones are guessed)."""
         if len(self._waiting) >= 60_000:
             raise OSError("too many upstream questions in flight")
-        while (qid := secrets.randbits(16)) in self._waiting:
-            pass
-        return qid
+        while True:
+            if self._next_id >= len(self._ids):
+                self._ids, self._next_id = memoryview(os.urandom(ID_BLOCK)).cast("H"), 0
+            qid: int = self._ids[self._next_id]
+            self._next_id += 1
+            if qid not in self._waiting:
+                return qid
 
     async def open(self) -> None:
         """Make the socket (before the first question: ``send`` does not wait for it)."""
@@ -77,7 +86,7 @@ class Upstream:
         if self._transport is None:
             done(None, OSError("the upstream socket is not open"))
             return
-        self._try(_Asked(query, done, self.servers[0], list(self.servers[1:])))
+        self._try(_Asked(query, done, self.servers[0], self.servers[1:]))  # a new list
 
     async def ask(self, query: bytes) -> bytes:
         """``send`` for coroutines: the answer, or TimeoutError/OSError."""
