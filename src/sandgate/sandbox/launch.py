@@ -372,10 +372,11 @@ class Sandbox:
         echo: bool = True,
         cgroups: Sequence[str] = (),
         oom_score: int | None = None,
+        released: Callable[[], None] | None = None,
     ) -> int:
         """Run the sandboxed command (set up by ``start`` or now). Returns its exit status (124
         when it ran out of time, 143 when ``stop`` was set). With ``capture`` its output also
-        goes to that file (bounded)."""
+        goes to that file (bounded). ``released``: called once the command is let go."""
         if not self._started:  # not set up yet, or only prepared (then start says "not found")
             self.start(spec, capture, echo, cgroups, oom_score)
         assert self.proc is not None
@@ -388,6 +389,8 @@ class Sandbox:
                 else:
                     assert self._release is not None
                     os.write(self._release, b"g")
+            if released is not None:
+                released()
             while True:
                 try:
                     return self.proc.wait(timeout=0.2 if stop is not None else _left(deadline))

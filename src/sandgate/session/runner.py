@@ -240,12 +240,13 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         t_row.end()
         started_at = time.time()
         # Retention of older sessions' files meanwhile: the main thread only waits for the
-        # sandbox now, and this session's own folder is never a candidate (issue 13).
+        # sandbox now, and this session's own folder is never a candidate (issue 13). Started
+        # once the command is released: before, its Python work delayed the release.
         retain = threading.Thread(target=_retain, args=(opts.store, sid), name="retention")
-        retain.start()
         t_exec = t.begin("sandbox exec")
         try:
             if vm is not None and opts.vm is not None:
+                retain.start()
                 exit_code = vm_launch.run(
                     box,
                     spec,
@@ -267,6 +268,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     echo=opts.echo,
                     cgroups=cgroup.procs,
                     oom_score=limits.SANDBOX_OOM_SCORE,
+                    released=retain.start,
                 )
             if exit_code == 124 and opts.timeout:
                 message = f"timed out after {opts.timeout:g} s; the sandbox was killed"
@@ -364,7 +366,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     if opts.notify:
         notify(opts.notify, {"event": "session-end", **report_summary(report)})
     with t.phase("retention"):
-        if retain is not None:
+        if retain is not None and retain.ident is not None:
             retain.join()
         else:  # the command never started
             _retain(opts.store, sid)
