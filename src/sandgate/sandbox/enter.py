@@ -54,6 +54,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ __all__ = ["Entry", "ahead", "helper", "late_blob", "late_command", "popen", "sp
 
 SOURCE = Path(__file__).with_name("enter.c")
 HELPER_DIR = RUN_ROOT / "bin"
+STALE_S = 86400.0  # a build of another source is removed past this age
 
 CLONE_NEWNET = 0x40000000
 PR_CAPBSET_DROP = 24
@@ -299,9 +301,11 @@ def _helper() -> str | None:
         if subprocess.run(build, capture_output=True, check=False).returncode == 0:
             os.chmod(partial, 0o755)
             os.replace(partial, target)  # atomic: a runner building beside us is harmless
-            for old in HELPER_DIR.glob("sandgate-enter-*"):  # builds of older sources
-                if old != target:
-                    with contextlib.suppress(OSError):
+            # Builds of other sources, once a day old: another sandgate on this host (an
+            # upgrade under way, a second checkout) may still be running its own.
+            for old in HELPER_DIR.glob("sandgate-enter-*"):
+                with contextlib.suppress(OSError):
+                    if old != target and time.time() - old.stat().st_mtime > STALE_S:
                         old.unlink()
             return str(target)
     with contextlib.suppress(OSError):
