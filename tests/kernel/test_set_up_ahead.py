@@ -55,7 +55,8 @@ def _run(late: bool, tmp_path: Path) -> str:
     out = tmp_path / f"out-{int(late)}"
     try:
         entry = enter.Entry(spec.netns, UID, UID, cg.procs, limits.SANDBOX_OOM_SCORE)
-        if late:
+        if late:  # as the runner does it: started before the namespace is known
+            entry = dataclasses.replace(entry, netns=enter.LATER)
             assert box.prepare(entry, capture=out, echo=False, late=True)
             box.start(dataclasses.replace(spec, env={}), capture=out, echo=False)
             time.sleep(0.3)  # set up and waiting: nothing of the command has run

@@ -2,11 +2,14 @@
  *
  *   sandgate-enter ERRFD NETNS UID GID OOM|- [CGROUP_PROCS...] -- BWRAP ARGS...
  *   sandgate-enter ERRFD NETNS UID GID OOM|- [CGROUP_PROCS...] -- @ ARGVFD
+ *   sandgate-enter ERRFD @ UID GID OOM|- [CGROUP_PROCS...] -- @ ARGVFD
  *
  * The second form does every step, then reads the command line from ARGVFD (NUL-separated,
  * to end-of-file): started before the command line is known, its waits (a cgroup v1 join
  * waits out an RCU grace period) overlap the runner's. End-of-file with nothing read (the
- * runner gave up, or died) exits 125 and runs nothing.
+ * runner gave up, or died) exits 125 and runs nothing. With NETNS "@" the namespace's path is
+ * the command line's first string: started before the runner has the namespace, the join
+ * (the slow step) begins sooner; the line is then read before the setns, still as root.
  *
  * In this order, as the old chain did them (sh, nsenter, setpriv): the OOM score; "0" into
  * each cgroup.procs (the writer joins); setns into NETNS; every capability out of the
@@ -142,6 +145,15 @@ int main(int argc, char **argv) {
         write_file(argv[i], "0", "joining the session's cgroup");
     if (i + 1 >= argc) fail("no command after --", EINVAL);
     char **command = argv + i + 1;
+    int later = strcmp(command[0], "@") == 0 && command[1] != NULL && command[2] == NULL;
+    if (strcmp(netns, "@") == 0) { /* the namespace is the command line's first string */
+        if (!later) fail("a namespace given later needs the command line later", EINVAL);
+        command = read_argv((int)number(command[1], "command line descriptor"));
+        if (command == NULL) _exit(125); /* given up before the command line: run nothing */
+        if (command[1] == NULL) fail("no command after the namespace", EINVAL);
+        netns = *command++;
+        later = 0;
+    }
 
     int ns = open(netns, O_RDONLY | O_CLOEXEC);
     if (ns < 0) fail_at("opening the guest's network namespace", netns, errno);
@@ -165,7 +177,7 @@ int main(int argc, char **argv) {
     if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) < 0) fail("switching uid", errno);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("setting no_new_privs", errno);
 
-    if (strcmp(command[0], "@") == 0 && command[1] != NULL && command[2] == NULL) {
+    if (later) {
         command = read_argv((int)number(command[1], "command line descriptor"));
         if (command == NULL) _exit(125); /* given up before the command line: run nothing */
     }

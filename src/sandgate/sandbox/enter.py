@@ -63,12 +63,13 @@ from typing import Any
 from sandgate.errors import SandboxError
 from sandgate.gateway.config import RUN_ROOT
 
-__all__ = ["Entry", "ahead", "helper", "late_blob", "late_command", "popen", "spawn"]
+__all__ = ["LATER", "Entry", "ahead", "helper", "late_blob", "late_command", "popen", "spawn"]
 
 SOURCE = Path(__file__).with_name("enter.c")
 HELPER_DIR = RUN_ROOT / "bin"
 STALE_S = 86400.0  # a build of another source is removed past this age
 
+LATER = "@"  # Entry.netns for ``ahead``: the namespace comes with the command line
 CLONE_NEWNET = 0x40000000
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -93,7 +94,7 @@ class _CapData(ctypes.Structure):
 class Entry:
     """Who the sandbox's first process becomes, and where it lives."""
 
-    netns: str  # path of the guest's network namespace (/run/netns/sg-…)
+    netns: str  # path of the guest's network namespace (/run/netns/sg-…), or LATER
     uid: int
     gid: int
     cgroups: tuple[str, ...] = ()  # cgroup.procs files of the session's cgroups
@@ -138,6 +139,8 @@ def spawn(
     whatever the caller does meanwhile."""
     if not argv or os.path.basename(argv[0]) != "bwrap":
         raise ValueError("enter.popen starts bwrap, which makes the sandbox's own namespaces")
+    if entry.netns == LATER:
+        raise ValueError("only enter.ahead takes the namespace later")
     found = helper() if use_helper is not False else None
     if use_helper and found is None:
         raise SandboxError("sandgate-enter cannot be built here", "apt-get install gcc libc6-dev")
@@ -152,7 +155,9 @@ def ahead(
     """sandgate-enter started before its command line is known: it does every step (joining
     the cgroup waits out an RCU grace period) while the caller goes on. Returns the process,
     ``launch(argv)`` (hands it the bwrap command line, once; ``launch(None)`` gives up and
-    the process runs nothing), and the call that waits until bwrap runs, as ``spawn``'s."""
+    the process runs nothing), and the call that waits until bwrap runs, as ``spawn``'s.
+    With ``entry.netns`` LATER the process starts before the namespace exists (its cgroup
+    join begins sooner) and ``argv`` starts with the namespace's path, then bwrap's line."""
     found = helper()
     if found is None:
         raise SandboxError("sandgate-enter cannot be built here", "apt-get install gcc libc6-dev")
@@ -170,7 +175,8 @@ def ahead(
         if argv is None:  # given up: the helper reads end-of-file and runs nothing
             os.close(argv_w)
             return
-        if not argv or os.path.basename(argv[0]) != "bwrap":
+        line_argv = argv[1:] if entry.netns == LATER else argv
+        if not line_argv or os.path.basename(line_argv[0]) != "bwrap":
             os.close(argv_w)
             raise ValueError("enter.ahead launches bwrap, which makes the sandbox's namespaces")
         try:

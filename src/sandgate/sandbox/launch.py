@@ -147,22 +147,33 @@ class Sandbox:
         """``netns``: a namespace the gateway made ready (its warm pool), taken over: this
         sandbox removes it at the end as one of its own."""
         box = cls(session, instance)
-        box.netns = netns or f"sg-{instance}-s{secrets.token_hex(3)}"
-        box.dir = SESSIONS_ROOT / session
+        box.make(workdir, uid, files, netns)
+        return box
+
+    def make(
+        self,
+        workdir: Path | None,
+        uid: int,
+        files: WorkspaceSpec | None = None,
+        netns: str | None = None,
+    ) -> None:
+        """``create``'s namespace and folders, for a sandbox whose first process was started
+        before them (``prepare`` with the namespace given later). On failure all is undone."""
+        self.netns = netns or f"sg-{self.instance}-s{secrets.token_hex(3)}"
+        self.dir = SESSIONS_ROOT / self.session
         try:
             if workdir is not None:
                 _check_workdir(workdir, uid)
             SESSIONS_ROOT.mkdir(parents=True, exist_ok=True)
             os.chmod(SESSIONS_ROOT, 0o711)
-            box.space = Workspace(box.dir, uid, files or WorkspaceSpec())
-            cleanup.own(f"mount-{session}")
-            box.space.create(workdir)
+            self.space = Workspace(self.dir, uid, files or WorkspaceSpec())
+            cleanup.own(f"mount-{self.session}")
+            self.space.create(workdir)
             if netns is None:
-                ns.create(box.netns)
+                ns.create(self.netns)
         except BaseException:
-            box.destroy()
+            self.destroy()
             raise
-        return box
 
     def etc_files(self, gateway: str, uid: int, extra_ca: list[bytes]) -> dict[str, Path]:
         """The files the sandbox sees in place of the host's: resolver, users, CA trust."""
@@ -277,19 +288,20 @@ class Sandbox:
         if found is None:
             raise CommandNotFound(spec.command[0] if spec.command else "")
         if self._prepared is not None:
-            if (spec.netns, spec.uid, spec.gid) != (
-                self._prepared.netns,
-                self._prepared.uid,
-                self._prepared.gid,
+            later = self._prepared.netns == enter.LATER
+            if (spec.uid, spec.gid) != (self._prepared.uid, self._prepared.gid) or (
+                spec.netns != self._prepared.netns and not later
             ):
                 raise ValueError("the spec is not the sandbox that was prepared")
             assert self._launch is not None
+            first = [spec.netns] if later else []  # the namespace it was started without
             if self._late_fds is not None:
                 blob, self_fd = self._late_fds
-                self._launch(bwrap.bwrap_argv(spec, late=enter.late_command(self_fd, blob)))
+                late = enter.late_command(self_fd, blob)
+                self._launch([*first, *bwrap.bwrap_argv(spec, late=late)])
                 self._late_spec = spec
             else:
-                self._launch(bwrap.bwrap_argv(spec, block_fd=self._hold_fd))
+                self._launch([*first, *bwrap.bwrap_argv(spec, block_fd=self._hold_fd)])
             self._started = True
             return
         entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)

@@ -25,7 +25,6 @@ from sandgate import cleanup
 from sandgate.errors import SandboxError, SandgateError
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store, home_of
-from sandgate.net import ns
 from sandgate.policy.limits import Limits, format_size
 from sandgate.report.session import SessionReport, build_report
 from sandgate.sandbox import bwrap, enter, limits, privilege
@@ -173,24 +172,27 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             f"attempts are attributed {vm_launch.ATTRIBUTION}\n"
         )
     try:
-        with t.phase("workspace (netns, dirs, tmpfs)"):
-            warm = _warm_netns(stack) if vm is None else None
-            box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space, warm)
-            cleanup.own(box.netns)
         capture = keep / "output.log" if opts.capture else None
         # bwrap set up before the gateway answers (issue 13), where nothing it binds depends
         # on the answer: files that do (late_files) are bound where the answer says.
         ahead = vm is None and opts.late_files is None
         with t.phase("cgroup, first process"):
-            # Made before the gateway is asked (limits follow its answer): the sandbox's first
-            # process joins it while add_guest runs, and the join's wait overlaps it.
+            # Made first (limits follow the gateway's answer): the sandbox's first process
+            # joins it while the namespace, folders and add_guest are made, and the join's
+            # wait (an RCU grace period) overlaps them; it is told its namespace after.
             cgroup = _cgroup(sid)
             if vm is None:
+                box = Sandbox(sid, stack.instance)
                 keep.mkdir(parents=True, exist_ok=True)
-                entry = enter.Entry(
-                    ns.path(box.netns), uid, uid, cgroup.procs, limits.SANDBOX_OOM_SCORE
-                )
+                entry = enter.Entry(enter.LATER, uid, uid, cgroup.procs, limits.SANDBOX_OOM_SCORE)
                 ahead = box.prepare(entry, capture=capture, echo=opts.echo, late=ahead) and ahead
+        with t.phase("workspace (netns, dirs, tmpfs)"):
+            warm = _warm_netns(stack) if vm is None else None
+            if box is None:
+                box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space, warm)
+            else:
+                box.make(opts.workdir, uid, opts.space, warm)
+            cleanup.own(box.netns)
         if ahead:
             with t.phase("sandbox set-up ahead (held before exec)"):
                 _start_ahead(box, opts, uid, capture, cgroup)
@@ -313,7 +315,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             with t.phase("teardown: netns, dirs"):
                 if box is not None:
                     box.destroy()
-                    cleanup.disown(box.netns)
+                    if box.netns:
+                        cleanup.disown(box.netns)
                     destroyed = True
             if removal is not None:
                 with t.phase("control remove_guest (log settle)") as ph:
@@ -325,7 +328,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             if box is not None and not destroyed:  # on the way out with an error
                 with t.phase("teardown: netns, dirs"):
                     box.destroy()
-                    cleanup.disown(box.netns)
+                    if box.netns:
+                        cleanup.disown(box.netns)
     if guest is None:
         store.close()
         raise SandgateError(message or "the sandbox could not be started")
