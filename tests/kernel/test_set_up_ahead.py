@@ -151,3 +151,10 @@ def test_a_sandbox_set_up_ahead_that_fails_leaves_nothing_behind(
     assert r.exit_code != 0
     assert _mine() == before
     _gone(sid)
+
+
+def test_a_command_not_found_is_said_and_leaves_nothing_behind(sandbox: Runner) -> None:
+    before = _mine()
+    r = sandbox("sg-no-such-tool")
+    assert r.exit_code == 127 and r.message is not None and "not found" in r.message
+    assert _mine() == before
