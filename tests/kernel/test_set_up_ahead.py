@@ -41,7 +41,9 @@ def _box(name: str) -> tuple[Sandbox, bwrap.SandboxSpec]:
         command=("/bin/sh", "-c", STATE),
         workdir=box.workdir,
         home=box.home,
-        env={"HTTPS_PROXY": "http://10.9.9.1:3128", "EMPTY": "", "SPACED": "a b"},
+        # And more than a pipe holds (64 KiB): the line is sent as the waiter reads it.
+        env={"HTTPS_PROXY": "http://10.9.9.1:3128", "EMPTY": "", "SPACED": "a b"}
+        | {f"BIG{i}": str(i) * 40_000 for i in range(3)},
     )
     return box, spec
 
@@ -76,7 +78,7 @@ def test_a_sandbox_set_up_ahead_is_the_sandbox_set_up_at_once(tmp_path: Path) ->
     assert ahead == once
     lines = ahead.splitlines()
     assert "HTTPS_PROXY=http://10.9.9.1:3128" in lines and "SPACED=a b" in lines
-    assert "EMPTY=" in lines
+    assert "EMPTY=" in lines and "BIG2=" + "2" * 40_000 in lines
     fds = lines[lines.index("0") : lines.index("0") + 5]
     assert fds[:4] == ["0", "1", "2", "3"] and not fds[4].isdigit()  # ls's own, nothing else
     assert f"Uid:\t{UID}\t{UID}\t{UID}\t{UID}" in lines and "NoNewPrivs:\t1" in lines

@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -342,20 +343,29 @@ class Sandbox:
             os.close(self._late)
             self._late = None
 
-    def _send_late(self, spec: bwrap.SandboxSpec) -> None:
+    def _send_late(self, spec: bwrap.SandboxSpec, deadline: float | None) -> bool:
         """The command and its environment, to the sandbox set up ahead (``start``): the same
-        sandbox but for the environment, which only the gateway's answer gave."""
+        sandbox but for the environment, which only the gateway's answer gave. False: the
+        deadline passed first (a line longer than the pipe holds waits for bwrap's set-up)."""
         started = self._late_spec
-        assert started is not None and self._late is not None
+        assert started is not None and self._late is not None and self.proc is not None
         if dataclasses.replace(spec, env=started.env) != started:
             raise ValueError("the spec is not the sandbox that was set up")
         line = memoryview(enter.late_blob(dict(sorted(bwrap.base_env(spec).items())), spec.command))
+        os.set_blocking(self._late, False)
         try:
             while line:
-                line = line[os.write(self._late, line) :]
+                try:
+                    line = line[os.write(self._late, line) :]
+                except BlockingIOError:
+                    left = _left(deadline)
+                    if left == 0 or self.proc.poll() is not None:
+                        return left != 0  # run() reads the status of a sandbox that died
+                    select.select([], [self._late], [], min(left or 0.2, 0.2))
         finally:
             os.close(self._late)
             self._late = None
+        return True
 
     def abandon(self) -> None:
         """Kill a sandbox started (or prepared) and forget it: ``start`` or ``run`` begins
@@ -397,7 +407,8 @@ class Sandbox:
             self._entered()  # bwrap runs (held), or the step that failed is raised here
             with contextlib.suppress(BrokenPipeError):  # it died while held: its status says
                 if self._late_spec is not None:
-                    self._send_late(spec)
+                    if not self._send_late(spec, deadline):
+                        return 124
                 else:
                     assert self._release is not None
                     os.write(self._release, b"g")
