@@ -40,6 +40,7 @@ UID = 61000
 TARGETS: list[tuple[Any, str, str]] = [
     (Store, "__init__", "store open"),
     (Sandbox, "create", "netns + dirs (Sandbox.create)"),
+    (Sandbox, "make", "netns + dirs (Sandbox.create)"),  # create's body; the runner calls it
     (ControlClient, "__init__", "control connect"),
     (ControlClient, "call", "control {op}"),
     (runner._Removal, "result", "control remove_guest"),  # sent behind the drift snapshot

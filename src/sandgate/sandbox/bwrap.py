@@ -18,6 +18,7 @@ socket is reachable (a bound unix socket would cross the network namespace).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,9 +73,13 @@ def chain_argv(spec: SandboxSpec) -> list[str]:
     ]
 
 
-def bwrap_argv(spec: SandboxSpec, block_fd: int | None = None) -> list[str]:
+def bwrap_argv(
+    spec: SandboxSpec, block_fd: int | None = None, late: Sequence[str] | None = None
+) -> list[str]:
     """bwrap and the command, run as the sandbox's uid inside the guest's network namespace.
-    With ``block_fd`` bwrap sets everything up, then waits for a byte there before the exec."""
+    With ``block_fd`` bwrap sets everything up, then waits for a byte there before the exec.
+    With ``late`` bwrap runs that in place of the command, with no environment at all: the
+    command and its environment (``base_env``) come later (enter.late_command)."""
     out = [
         "bwrap",
         "--unshare-all",
@@ -125,10 +130,11 @@ def bwrap_argv(spec: SandboxSpec, block_fd: int | None = None) -> list[str]:
         out += ["--ro-bind", str(source), target]
     # The root itself is bwrap's tmpfs, unbounded: read-only once every mount point is made.
     out += ["--remount-ro", "/", "--clearenv"]
-    for key, value in sorted(base_env(spec).items()):
-        out += ["--setenv", key, value]
+    if late is None:
+        for key, value in sorted(base_env(spec).items()):
+            out += ["--setenv", key, value]
     out += ["--chdir", SANDBOX_WORK, "--"]
-    out += list(spec.command)
+    out += list(spec.command if late is None else late)
     return out
 
 

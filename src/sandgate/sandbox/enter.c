@@ -2,11 +2,14 @@
  *
  *   sandgate-enter ERRFD NETNS UID GID OOM|- [CGROUP_PROCS...] -- BWRAP ARGS...
  *   sandgate-enter ERRFD NETNS UID GID OOM|- [CGROUP_PROCS...] -- @ ARGVFD
+ *   sandgate-enter ERRFD @ UID GID OOM|- [CGROUP_PROCS...] -- @ ARGVFD
  *
  * The second form does every step, then reads the command line from ARGVFD (NUL-separated,
  * to end-of-file): started before the command line is known, its waits (a cgroup v1 join
  * waits out an RCU grace period) overlap the runner's. End-of-file with nothing read (the
- * runner gave up, or died) exits 125 and runs nothing.
+ * runner gave up, or died) exits 125 and runs nothing. With NETNS "@" the namespace's path is
+ * the command line's first string: started before the runner has the namespace, the join
+ * (the slow step) begins sooner; the line is then read before the setns, still as root.
  *
  * In this order, as the old chain did them (sh, nsenter, setpriv): the OOM score; "0" into
  * each cgroup.procs (the writer joins); setns into NETNS; every capability out of the
@@ -17,7 +20,17 @@
  *
  * It exists because the runner cannot do these steps in a vfork()ed child, and a full fork of
  * a Python process costs 6 ms at 100 MB and 17-22 ms at 300 MB (2026-12-01, this machine),
- * where vfork + exec of this program is under 1 ms whatever the runner's size. */
+ * where vfork + exec of this program is under 1 ms whatever the runner's size.
+ *
+ *   sandgate-enter --late BLOBFD SELFFD
+ *
+ * The third form runs inside the sandbox, as the command bwrap execs (through
+ * /proc/self/fd/SELFFD, so nothing of it is bound into the sandbox): bwrap is set up before
+ * the command's environment is known (the gateway's answer gives it), and this waits for it.
+ * It reads from BLOBFD, to end-of-file, the environment (NAME=VALUE, NUL-separated), an empty
+ * string, then the command line; then execs the command with exactly that environment, both
+ * descriptors closed. End-of-file with nothing read (the runner gave up, or died) exits 125
+ * and runs nothing: the read is the sandbox's hold, as bwrap's --block-fd was. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -90,7 +103,27 @@ static char **read_argv(int fd) {
     return out;
 }
 
+/* Inside the sandbox: wait for the environment and command line, then exec the command. */
+static int late(const char *blob, const char *self) {
+    int self_fd = (int)number(self, "own descriptor");
+    if (fcntl(self_fd, F_SETFD, FD_CLOEXEC) < 0) fail("own descriptor", errno);
+    char **entries = read_argv((int)number(blob, "command line descriptor"));
+    if (entries == NULL) _exit(125); /* given up before the command: run nothing */
+    char **command = entries;
+    while (*command != NULL && **command != '\0') command++;
+    if (*command == NULL || command[1] == NULL) {
+        fprintf(stderr, "sandgate: no command after the environment\n");
+        _exit(125);
+    }
+    *command++ = NULL; /* entries: the environment, as environ wants it */
+    environ = entries;
+    execvp(command[0], command); /* PATH from that environment, as bwrap's execvp did */
+    fprintf(stderr, "sandgate: cannot run %s: %s\n", command[0], strerror(errno));
+    _exit(127);
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--late") == 0) return late(argv[2], argv[3]);
     if (argc < 8) {
         fprintf(stderr, "usage: sandgate-enter ERRFD NETNS UID GID OOM|- [PROCS...] -- CMD...\n");
         return 125;
@@ -112,6 +145,15 @@ int main(int argc, char **argv) {
         write_file(argv[i], "0", "joining the session's cgroup");
     if (i + 1 >= argc) fail("no command after --", EINVAL);
     char **command = argv + i + 1;
+    int later = strcmp(command[0], "@") == 0 && command[1] != NULL && command[2] == NULL;
+    if (strcmp(netns, "@") == 0) { /* the namespace is the command line's first string */
+        if (!later) fail("a namespace given later needs the command line later", EINVAL);
+        command = read_argv((int)number(command[1], "command line descriptor"));
+        if (command == NULL) _exit(125); /* given up before the command line: run nothing */
+        if (command[1] == NULL) fail("no command after the namespace", EINVAL);
+        netns = *command++;
+        later = 0;
+    }
 
     int ns = open(netns, O_RDONLY | O_CLOEXEC);
     if (ns < 0) fail_at("opening the guest's network namespace", netns, errno);
@@ -135,7 +177,7 @@ int main(int argc, char **argv) {
     if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) < 0) fail("switching uid", errno);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("setting no_new_privs", errno);
 
-    if (strcmp(command[0], "@") == 0 && command[1] != NULL && command[2] == NULL) {
+    if (later) {
         command = read_argv((int)number(command[1], "command line descriptor"));
         if (command == NULL) _exit(125); /* given up before the command line: run nothing */
     }

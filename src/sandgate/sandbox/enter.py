@@ -31,6 +31,12 @@ every C function and argument is bound first, and it imports and logs nothing.
 it asks the gateway for the guest): its waits, mostly the cgroup join's RCU grace period,
 overlap the gateway's work, and the command line follows over a pipe.
 
+``late_command`` goes one step further (issue 13): bwrap itself is started before the gateway
+answers, with sandgate-enter's ``--late`` mode as its command, so bwrap's namespaces and mounts
+(8-20 ms here) are made while the gateway joins the guest. The command's environment (proxy,
+CA, placeholders) and its command line follow through a pipe (``late_blob``); reading it is
+the sandbox's hold, and end-of-file with nothing read runs nothing.
+
 Either way a failing step is named: it is written into a close-on-exec pipe the runner reads
 until bwrap runs (Python's own report says only "Exception occurred in preexec_fn").
 tests/kernel/test_exec_identity.py compares what a sandboxed process is (ids, groups, every
@@ -58,11 +64,12 @@ from typing import Any
 from sandgate.errors import SandboxError
 from sandgate.gateway.config import RUN_ROOT
 
-__all__ = ["Entry", "ahead", "helper", "popen", "spawn"]
+__all__ = ["LATER", "Entry", "ahead", "helper", "late_blob", "late_command", "popen", "spawn"]
 
 SOURCE = Path(__file__).with_name("enter.c")
 HELPER_DIR = RUN_ROOT / "bin"
 
+LATER = "@"  # Entry.netns for ``ahead``: the namespace comes with the command line
 CLONE_NEWNET = 0x40000000
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -87,7 +94,7 @@ class _CapData(ctypes.Structure):
 class Entry:
     """Who the sandbox's first process becomes, and where it lives."""
 
-    netns: str  # path of the guest's network namespace (/run/netns/sg-…)
+    netns: str  # path of the guest's network namespace (/run/netns/sg-…), or LATER
     uid: int
     gid: int
     cgroups: tuple[str, ...] = ()  # cgroup.procs files of the session's cgroups
@@ -132,6 +139,8 @@ def spawn(
     whatever the caller does meanwhile."""
     if not argv or os.path.basename(argv[0]) != "bwrap":
         raise ValueError("enter.popen starts bwrap, which makes the sandbox's own namespaces")
+    if entry.netns == LATER:
+        raise ValueError("only enter.ahead takes the namespace later")
     found = helper() if use_helper is not False else None
     if use_helper and found is None:
         raise SandboxError("sandgate-enter cannot be built here", "apt-get install gcc libc6-dev")
@@ -146,7 +155,9 @@ def ahead(
     """sandgate-enter started before its command line is known: it does every step (joining
     the cgroup waits out an RCU grace period) while the caller goes on. Returns the process,
     ``launch(argv)`` (hands it the bwrap command line, once; ``launch(None)`` gives up and
-    the process runs nothing), and the call that waits until bwrap runs, as ``spawn``'s."""
+    the process runs nothing), and the call that waits until bwrap runs, as ``spawn``'s.
+    With ``entry.netns`` LATER the process starts before the namespace exists (its cgroup
+    join begins sooner) and ``argv`` starts with the namespace's path, then bwrap's line."""
     found = helper()
     if found is None:
         raise SandboxError("sandgate-enter cannot be built here", "apt-get install gcc libc6-dev")
@@ -164,7 +175,8 @@ def ahead(
         if argv is None:  # given up: the helper reads end-of-file and runs nothing
             os.close(argv_w)
             return
-        if not argv or os.path.basename(argv[0]) != "bwrap":
+        line_argv = argv[1:] if entry.netns == LATER else argv
+        if not line_argv or os.path.basename(line_argv[0]) != "bwrap":
             os.close(argv_w)
             raise ValueError("enter.ahead launches bwrap, which makes the sandbox's namespaces")
         try:
@@ -176,6 +188,25 @@ def ahead(
             os.close(argv_w)
 
     return proc, _once_with(launch), entered
+
+
+def late_command(self_fd: int, blob_fd: int) -> list[str]:
+    """The command bwrap runs when the sandbox's command comes later: sandgate-enter (open as
+    ``self_fd`` in the sandbox, so nothing of it is bound in) waiting on ``blob_fd``."""
+    return [f"/proc/self/fd/{self_fd}", "--late", str(blob_fd), str(self_fd)]
+
+
+def late_blob(env: dict[str, str], command: Sequence[str]) -> bytes:
+    """What ``late_command`` reads: the environment, an empty string, the command line."""
+    if not command:
+        raise ValueError("no command")
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(f"not an environment variable: {key!r}")
+    if any("\0" in a for a in command):
+        raise ValueError("a NUL byte in the command line")
+    parts = [f"{k}={v}" for k, v in env.items()] + ["", *command]
+    return b"".join(os.fsencode(p) + b"\0" for p in parts)
 
 
 def _with_helper(

@@ -7,9 +7,11 @@ gives it its only link. The process runs under bubblewrap as an unprivileged uid
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -119,6 +121,11 @@ class Sandbox:
     _launch: Callable[[Sequence[str] | None], None] | None = None
     _hold_fd: int = -1  # the number bwrap's end of the hold pipe has in the started process
     _started: bool = False  # bwrap's command line given: ``run`` releases it
+    # prepare(late=True): bwrap runs sandgate-enter --late, which waits for the command and
+    # its environment on this pipe (our end); the fds it has there; the spec bwrap was given.
+    _late: int | None = None
+    _late_fds: tuple[int, int] | None = None  # (blob, self) as numbered in the process
+    _late_spec: bwrap.SandboxSpec | None = None
 
     @property
     def workdir(self) -> Path:
@@ -141,22 +148,33 @@ class Sandbox:
         """``netns``: a namespace the gateway made ready (its warm pool), taken over: this
         sandbox removes it at the end as one of its own."""
         box = cls(session, instance)
-        box.netns = netns or f"sg-{instance}-s{secrets.token_hex(3)}"
-        box.dir = SESSIONS_ROOT / session
+        box.make(workdir, uid, files, netns)
+        return box
+
+    def make(
+        self,
+        workdir: Path | None,
+        uid: int,
+        files: WorkspaceSpec | None = None,
+        netns: str | None = None,
+    ) -> None:
+        """``create``'s namespace and folders, for a sandbox whose first process was started
+        before them (``prepare`` with the namespace given later). On failure all is undone."""
+        self.netns = netns or f"sg-{self.instance}-s{secrets.token_hex(3)}"
+        self.dir = SESSIONS_ROOT / self.session
         try:
             if workdir is not None:
                 _check_workdir(workdir, uid)
             SESSIONS_ROOT.mkdir(parents=True, exist_ok=True)
             os.chmod(SESSIONS_ROOT, 0o711)
-            box.space = Workspace(box.dir, uid, files or WorkspaceSpec())
-            cleanup.own(f"mount-{session}")
-            box.space.create(workdir)
+            self.space = Workspace(self.dir, uid, files or WorkspaceSpec())
+            cleanup.own(f"mount-{self.session}")
+            self.space.create(workdir)
             if netns is None:
-                ns.create(box.netns)
+                ns.create(self.netns)
         except BaseException:
-            box.destroy()
+            self.destroy()
             raise
-        return box
 
     def etc_files(self, gateway: str, uid: int, extra_ca: list[bytes]) -> dict[str, Path]:
         """The files the sandbox sees in place of the host's: resolver, users, CA trust."""
@@ -204,23 +222,48 @@ class Sandbox:
         self.bound.update(out)
         return out
 
-    def prepare(self, entry: enter.Entry, capture: Path | None = None, echo: bool = True) -> bool:
+    def prepare(
+        self,
+        entry: enter.Entry,
+        capture: Path | None = None,
+        echo: bool = True,
+        late: bool = False,
+    ) -> bool:
         """Start the sandbox's first process before its command line is known: sandgate-enter
         joins the cgroup and becomes the sandbox's uid meanwhile (``start`` hands it bwrap's
-        command line). False where the helper cannot be built (``start`` does it all then)."""
-        if enter.helper() is None:
+        command line). False where the helper cannot be built (``start`` does it all then).
+
+        ``late``: ``start`` may then be given a spec whose environment is not known yet (bwrap
+        sets up, and waits in sandgate-enter --late for it); ``run`` sends it."""
+        found = enter.helper()
+        if found is None:
             return False
-        hold = self._hold()
+        if late:
+            blob, self._late = os.pipe2(os.O_CLOEXEC)
+            try:
+                self_fd = os.open(found, os.O_RDONLY | os.O_CLOEXEC)
+            except BaseException:
+                os.close(blob)
+                self._unhold()
+                raise
+            fds: tuple[int, ...] = (blob, self_fd)
+        else:
+            fds = (self._hold(),)
         try:
             self.proc, self._launch, self._entered = enter.ahead(
-                entry, start_new_session=True, pass_fds=(hold,), **_output(capture)
+                entry, start_new_session=True, pass_fds=fds, **_output(capture)
             )
         except BaseException:
             self._unhold()
             raise
         finally:
-            os.close(hold)
-        self._prepared, self._hold_fd = entry, hold
+            for fd in fds:
+                os.close(fd)
+        self._prepared = entry
+        if late:
+            self._late_fds = (fds[0], fds[1])
+        else:
+            self._hold_fd = fds[0]
         self._capture(capture, echo)
         return True
 
@@ -246,14 +289,20 @@ class Sandbox:
         if found is None:
             raise CommandNotFound(spec.command[0] if spec.command else "")
         if self._prepared is not None:
-            if (spec.netns, spec.uid, spec.gid) != (
-                self._prepared.netns,
-                self._prepared.uid,
-                self._prepared.gid,
+            later = self._prepared.netns == enter.LATER
+            if (spec.uid, spec.gid) != (self._prepared.uid, self._prepared.gid) or (
+                spec.netns != self._prepared.netns and not later
             ):
                 raise ValueError("the spec is not the sandbox that was prepared")
             assert self._launch is not None
-            self._launch(bwrap.bwrap_argv(spec, block_fd=self._hold_fd))
+            first = [spec.netns] if later else []  # the namespace it was started without
+            if self._late_fds is not None:
+                blob, self_fd = self._late_fds
+                late = enter.late_command(self_fd, blob)
+                self._launch([*first, *bwrap.bwrap_argv(spec, late=late)])
+                self._late_spec = spec
+            else:
+                self._launch([*first, *bwrap.bwrap_argv(spec, block_fd=self._hold_fd)])
             self._started = True
             return
         entry = enter.Entry(spec.netns, spec.uid, spec.gid, tuple(cgroups), oom_score)
@@ -290,6 +339,43 @@ class Sandbox:
         if self._release is not None:
             os.close(self._release)
             self._release = None
+        if self._late is not None:  # end-of-file with nothing sent: it runs nothing
+            os.close(self._late)
+            self._late = None
+
+    def _send_late(self, spec: bwrap.SandboxSpec, deadline: float | None) -> bool:
+        """The command and its environment, to the sandbox set up ahead (``start``): the same
+        sandbox but for the environment, which only the gateway's answer gave. False: the
+        deadline passed first (a line longer than the pipe holds waits for bwrap's set-up)."""
+        started = self._late_spec
+        assert started is not None and self._late is not None and self.proc is not None
+        if dataclasses.replace(spec, env=started.env) != started:
+            raise ValueError("the spec is not the sandbox that was set up")
+        line = memoryview(enter.late_blob(dict(sorted(bwrap.base_env(spec).items())), spec.command))
+        os.set_blocking(self._late, False)
+        try:
+            while line:
+                try:
+                    line = line[os.write(self._late, line) :]
+                except BlockingIOError:
+                    left = _left(deadline)
+                    if left == 0 or self.proc.poll() is not None:
+                        return left != 0  # run() reads the status of a sandbox that died
+                    select.select([], [self._late], [], min(left or 0.2, 0.2))
+        finally:
+            os.close(self._late)
+            self._late = None
+        return True
+
+    def abandon(self) -> None:
+        """Kill a sandbox started (or prepared) and forget it: ``start`` or ``run`` begins
+        anew (a profile that wants what was set up ahead otherwise)."""
+        self.kill()
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+        self.proc, self._pump, self._prepared, self._launch = None, None, None, None
+        self._late_fds, self._late_spec, self._started = None, None, False
+        self._entered = lambda: None
 
     def _capture(self, capture: Path | None, echo: bool) -> None:
         if capture is not None and self.proc is not None:
@@ -308,18 +394,26 @@ class Sandbox:
         echo: bool = True,
         cgroups: Sequence[str] = (),
         oom_score: int | None = None,
+        released: Callable[[], None] | None = None,
     ) -> int:
         """Run the sandboxed command (set up by ``start`` or now). Returns its exit status (124
         when it ran out of time, 143 when ``stop`` was set). With ``capture`` its output also
-        goes to that file (bounded)."""
+        goes to that file (bounded). ``released``: called once the command is let go."""
         if not self._started:  # not set up yet, or only prepared (then start says "not found")
             self.start(spec, capture, echo, cgroups, oom_score)
-        assert self.proc is not None and self._release is not None
+        assert self.proc is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._entered()  # bwrap runs (held), or the step that failed is raised here
             with contextlib.suppress(BrokenPipeError):  # it died while held: its status says
-                os.write(self._release, b"g")
+                if self._late_spec is not None:
+                    if not self._send_late(spec, deadline):
+                        return 124
+                else:
+                    assert self._release is not None
+                    os.write(self._release, b"g")
+            if released is not None:
+                released()
             while True:
                 try:
                     return self.proc.wait(timeout=0.2 if stop is not None else _left(deadline))

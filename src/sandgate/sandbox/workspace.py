@@ -155,6 +155,7 @@ class Workspace:
     uid: int
     spec: WorkspaceSpec
     mounted: bool = False
+    noexec_binds: list[Path] = field(default_factory=list)  # folders noexec bound
     workdir: Path = field(default_factory=Path)
     own_workdir: bool = True
     home_before: dict[str, Entry] = field(default_factory=dict)
@@ -192,6 +193,12 @@ class Workspace:
         own = [self.workdir] if self.own_workdir else []
         for folder in (*own, self.home, *self.scratch().values()):
             bind_noexec(folder)
+            self.noexec_binds.append(folder)
+
+    def exec_again(self) -> None:
+        """Undo ``noexec`` (made ahead of the gateway's answer, for a profile that opts out)."""
+        while self.noexec_binds:
+            unmount(self.noexec_binds.pop())
 
     def _populate(self, workdir: Path | None) -> None:
         (self.dir / "etc").mkdir(mode=0o755)

@@ -25,7 +25,6 @@ from sandgate import cleanup
 from sandgate.errors import SandboxError, SandgateError
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import Store, home_of
-from sandgate.net import ns
 from sandgate.policy.limits import Limits, format_size
 from sandgate.report.session import SessionReport, build_report
 from sandgate.sandbox import bwrap, enter, limits, privilege
@@ -175,28 +174,44 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             f"attempts are attributed {vm_launch.ATTRIBUTION}\n"
         )
     try:
-        with t.phase("workspace (netns, dirs, tmpfs)"):
-            warm = _warm_netns(stack) if vm is None else None
-            box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space, warm)
-            cleanup.own(box.netns)
         capture = keep / "output.log" if opts.capture else None
+        # bwrap set up before the gateway answers (issue 13), where nothing it binds depends
+        # on the answer: files that do (late_files) are bound where the answer says.
+        ahead = vm is None and opts.late_files is None
         with t.phase("cgroup, first process"):
-            # Made before the gateway is asked (limits follow its answer): the sandbox's first
-            # process joins it while add_guest runs, and the join's wait overlaps it.
+            # Made first (limits follow the gateway's answer): the sandbox's first process
+            # joins it while the namespace, folders and add_guest are made, and the join's
+            # wait (an RCU grace period) overlaps them; it is told its namespace after.
             cgroup = _cgroup(sid)
             if vm is None:
+                box = Sandbox(sid, stack.instance)
                 keep.mkdir(parents=True, exist_ok=True)
-                entry = enter.Entry(
-                    ns.path(box.netns), uid, uid, cgroup.procs, limits.SANDBOX_OOM_SCORE
-                )
-                box.prepare(entry, capture=capture, echo=opts.echo)
+                entry = enter.Entry(enter.LATER, uid, uid, cgroup.procs, limits.SANDBOX_OOM_SCORE)
+                ahead = box.prepare(entry, capture=capture, echo=opts.echo, late=ahead) and ahead
+        with t.phase("workspace (netns, dirs, tmpfs)"):
+            warm = _warm_netns(stack) if vm is None else None
+            if box is None:
+                box = Sandbox.create(sid, stack.instance, opts.workdir, uid, opts.space, warm)
+            else:
+                box.make(opts.workdir, uid, opts.space, warm)
+            cleanup.own(box.netns)
+        if ahead:
+            with t.phase("sandbox set-up ahead (held before exec)"):
+                _start_ahead(box, opts, uid, capture, cgroup)
         with t.phase("control add_guest") as ph:
             guest, snapping = _add_guest(stack, box, sid, opts, uid)
             ph.steps = dict(guest.get("timing_ms") or {})
         with t.phase("noexec, sandbox files"):
-            _noexec(stack, box, guest, opts)
+            if ahead and not _wants_noexec(stack, guest, opts):
+                # Set up noexec ahead (the default), for a profile that opts out: again.
+                box.abandon()
+                if box.space is not None:
+                    box.space.exec_again()
+                ahead = False
+            elif not ahead:
+                _noexec(stack, box, guest, opts)
             spec = _spec(stack, box, guest, opts, uid)
-        if vm is None:
+        if vm is None and not ahead:
             # bwrap makes its namespaces and mounts while the limits are written: it stops
             # at its --block-fd before the command, which runs only once they are set.
             with t.phase("sandbox set-up (held before exec)"), contextlib.suppress(CommandNotFound):
@@ -229,12 +244,13 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         t_row.end()
         started_at = time.time()
         # Retention of older sessions' files meanwhile: the main thread only waits for the
-        # sandbox now, and this session's own folder is never a candidate (issue 13).
+        # sandbox now, and this session's own folder is never a candidate (issue 13). Started
+        # once the command is released: before, its Python work delayed the release.
         retain = threading.Thread(target=_retain, args=(opts.store, sid), name="retention")
-        retain.start()
         t_exec = t.begin("sandbox exec")
         try:
             if vm is not None and opts.vm is not None:
+                retain.start()
                 exit_code = vm_launch.run(
                     box,
                     spec,
@@ -256,6 +272,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     echo=opts.echo,
                     cgroups=cgroup.procs,
                     oom_score=limits.SANDBOX_OOM_SCORE,
+                    released=retain.start,
                 )
             if exit_code == 124 and opts.timeout:
                 message = f"timed out after {opts.timeout:g} s; the sandbox was killed"
@@ -300,7 +317,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             with t.phase("teardown: netns, dirs"):
                 if box is not None:
                     box.destroy()
-                    cleanup.disown(box.netns)
+                    if box.netns:
+                        cleanup.disown(box.netns)
                     destroyed = True
             if removal is not None:
                 with t.phase("control remove_guest (log settle)") as ph:
@@ -312,7 +330,8 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
             if box is not None and not destroyed:  # on the way out with an error
                 with t.phase("teardown: netns, dirs"):
                     box.destroy()
-                    cleanup.disown(box.netns)
+                    if box.netns:
+                        cleanup.disown(box.netns)
     if guest is None:
         store.close()
         raise SandgateError(message or "the sandbox could not be started")
@@ -353,7 +372,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     if opts.notify:
         notify(opts.notify, {"event": "session-end", **report_summary(report)})
     with t.phase("retention"):
-        if retain is not None:
+        if retain is not None and retain.ident is not None:
             retain.join()
         else:  # the command never started
             _retain(opts.store, sid)
@@ -486,14 +505,53 @@ def _policy_of(stack: Stack, opts: RunOptions) -> str | None:
 def _noexec(stack: Stack, box: Sandbox, guest: dict[str, Any], opts: RunOptions) -> None:
     """Writable places are noexec unless the profile opts out (issue 14: a process identity
     is worth little if the agent can write its own executable, or preload a library)."""
+    if _wants_noexec(stack, guest, opts) and box.space is not None:
+        box.space.noexec()
+
+
+def _wants_noexec(stack: Stack, guest: dict[str, Any], opts: RunOptions) -> bool:
     noexec = guest.get("noexec")
     if noexec is None:  # a gateway from before it said so
         from sandgate.policy.load import load_policy
 
         profile = load_policy(_policy_of(stack, opts)).file.profiles.get(guest["profile"])
         noexec = profile is None or profile.noexec
-    if noexec and box.space is not None:
+    return bool(noexec)
+
+
+PLACEHOLDER_GATEWAY = "0.0.0.0"  # resolv.conf until the gateway answers
+
+
+def _start_ahead(
+    box: Sandbox, opts: RunOptions, uid: int, capture: Path | None, cgroup: limits.Cgroup
+) -> None:
+    """bwrap's namespaces and mounts, made while the gateway joins the guest (issue 13): the
+    writable places noexec (the default; undone for a profile that opts out), and every file
+    bound where the gateway's answer will fill it in (``_spec`` writes the same files again,
+    in place, so the binds show the new content). The command and its environment follow at
+    ``run``. A command not found is said there, as before."""
+    if box.space is not None:
         box.space.noexec()
+    files = {**box.etc_files(PLACEHOLDER_GATEWAY, uid, [b""]), **box.copy_in(dict(opts.files))}
+    assert box.space is not None
+    frame = bwrap.SandboxSpec(
+        netns=f"/run/netns/{box.netns}",
+        uid=uid,
+        gid=uid,
+        command=tuple(opts.command),
+        workdir=box.workdir,
+        home=box.home,
+        files=files,
+        scratch=box.space.scratch(),
+    )
+    with contextlib.suppress(CommandNotFound):
+        box.start(
+            frame,
+            capture=capture,
+            echo=opts.echo,
+            cgroups=cgroup.procs,
+            oom_score=limits.SANDBOX_OOM_SCORE,
+        )
 
 
 def _cgroup(sid: str) -> limits.Cgroup:
