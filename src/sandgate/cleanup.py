@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sandgate.gateway.config import RUN_ROOT
 from sandgate.net import ns
@@ -151,16 +152,24 @@ def _stale_guests(result: CleanupResult, dead: set[str]) -> None:
 
 
 def _session_mounts(result: CleanupResult, everything: bool) -> None:
-    """Session disks (tmpfs named ``sandgate`` under the sessions folder) of dead sessions."""
+    """Session disks (tmpfs named ``sandgate`` under the sessions folder) of dead sessions, with
+    what is mounted inside them (the noexec binds of its home and scratch folders). A mount
+    belongs to the session whose folder it is in: a live session's binds are its own, not
+    sessions of their own (cleanup once took a live session's home for a dead session's)."""
+    by_session: dict[str, list[Path]] = {}
     for mountpoint in our_mounts(SESSIONS_ROOT):
-        owner = f"mount-{mountpoint.name}"
+        session = mountpoint.relative_to(SESSIONS_ROOT).parts[0]
+        by_session.setdefault(session, []).append(mountpoint)
+    for session, mounts in sorted(by_session.items()):
+        owner = f"mount-{session}"
         if owned(owner) and not everything:
-            result.kept.append(str(mountpoint))
+            result.kept.append(str(SESSIONS_ROOT / session))
             continue
-        unmount(mountpoint)
-        shutil.rmtree(mountpoint, ignore_errors=True)
+        for mountpoint in sorted(mounts, key=lambda m: len(m.parts), reverse=True):
+            unmount(mountpoint)  # the binds inside first, then the disk
+            result.mounts.append(str(mountpoint))
+        shutil.rmtree(SESSIONS_ROOT / session, ignore_errors=True)
         disown(owner)
-        result.mounts.append(str(mountpoint))
 
 
 def _cgroups(result: CleanupResult, everything: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -14,7 +15,13 @@ import pytest
 
 from sandgate import cleanup
 from sandgate.errors import SandboxError
-from sandgate.sandbox.workspace import SESSIONS_ROOT, WorkspaceSpec, mount_tmpfs, our_mounts
+from sandgate.sandbox.workspace import (
+    SESSIONS_ROOT,
+    WorkspaceSpec,
+    bind_noexec,
+    mount_tmpfs,
+    our_mounts,
+)
 from sandgate.session.runner import session_dir
 from sandgate.session.stack import Stack
 
@@ -203,10 +210,54 @@ def test_cleanup_unmounts_a_dead_sessions_disk() -> None:
     SESSIONS_ROOT.mkdir(parents=True, exist_ok=True)
     target.mkdir()
     mount_tmpfs(target, 4 * MiB)
-    assert target in our_mounts(SESSIONS_ROOT)
+    (target / "home").mkdir()
+    bind_noexec(target / "home")  # as a session's home is
+    assert {target, target / "home"} <= set(our_mounts(SESSIONS_ROOT))
     result = cleanup.cleanup()
-    assert str(target) in result.mounts
-    assert target not in our_mounts(SESSIONS_ROOT) and not target.exists()
+    assert {str(target), str(target / "home")} <= set(result.mounts)
+    assert not {target, target / "home"} & set(our_mounts(SESSIONS_ROOT))
+    assert not target.exists()
+
+
+def test_cleanup_leaves_a_live_sessions_folders_alone(sandbox: Runner) -> None:
+    """A plain `sandgate cleanup` beside a running session: its disk and the noexec binds of
+    its home and scratch folders are its own, kept while its runner lives (the binds were
+    once taken for dead sessions' disks, and unmounted and emptied)."""
+    stop = threading.Event()
+    box: list[object] = []
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="sg-cleanup-"))  # the sandbox's uid reaches it
+    work.chmod(0o777)
+    started = work / "started"
+    script = (
+        "echo kept > $HOME/mark; touch /work/started; "
+        "while [ ! -e /tmp/go ]; do sleep 0.1; done; cat $HOME/mark"
+    )
+    runner = threading.Thread(
+        target=lambda: box.append(sandbox.sh(script, stop=stop, timeout=60, workdir=work)),
+        daemon=True,
+    )
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the session did not start"
+        mine = [m for m in our_mounts(SESSIONS_ROOT) if len(m.relative_to(SESSIONS_ROOT).parts) > 1]
+        assert mine, "no noexec binds to protect"  # the session's home and scratch folders
+        result = cleanup.cleanup()
+        assert not set(map(str, mine)) & set(result.mounts), result.mounts
+        assert set(mine) <= set(our_mounts(SESSIONS_ROOT))
+        session_dir = SESSIONS_ROOT / mine[0].relative_to(SESSIONS_ROOT).parts[0]
+        (session_dir / "tmp" / "go").touch()  # the sandbox's /tmp
+    finally:
+        runner.join(60)
+        stop.set()
+        shutil.rmtree(work, ignore_errors=True)
+    r = box[0]
+    assert r.exit_code == 0  # type: ignore[attr-defined]
+    assert Path(r.report.output or "").read_text().strip() == "kept"  # type: ignore[attr-defined]
 
 
 def test_notify_when_the_session_ends(sandbox: Runner, tmp_path: Path) -> None:
