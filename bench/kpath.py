@@ -49,8 +49,9 @@ from ipaddress import IPv4Network
 from typing import Any
 
 from sandgate import cleanup
-from sandgate.net import iptables
+from sandgate.net import iptables, ns
 from sandgate.net.compile import GuestLink, base_ruleset, guest_add, guest_uid_log
+from sandgate.net.links import GATEWAY_SYSCTLS, link_sysctl_values
 from sandgate.net.netlink import run_in_netns
 from sandgate.net.nft import Nft, batch
 from sandgate.policy.load import parse_policy
@@ -205,6 +206,16 @@ def gateway_cmds() -> list[dict[str, Any]]:
 def clear(w: World) -> None:
     for n in (w.c, w.g):
         subprocess.run(["ip", "netns", "exec", n, "nft", "flush", "ruleset"], check=True)
+    in_ns(w.g, lambda: ns.write_sysctls(dict.fromkeys(RP_FILTER, "0")))  # a new netns's
+
+
+RP_FILTER = [f"net.ipv4.conf.{d}.rp_filter" for d in ("all", "default", LINK.ifname, UPLINK)]
+
+
+def _sysctls(w: World) -> None:
+    """The gateway's namespace-wide and per-link settings (net/links.py), rp_filter among them."""
+    values = {**GATEWAY_SYSCTLS, **link_sysctl_values(LINK.ifname), **link_sysctl_values(UPLINK)}
+    in_ns(w.g, lambda: ns.write_sysctls(values))
 
 
 def install_sandgate(w: World) -> None:
@@ -272,6 +283,7 @@ def _guest_notrack(w: World) -> None:
 VARIANTS: dict[str, Callable[[World], None]] = {
     "plain": lambda w: None,
     "sandgate": install_sandgate,
+    "sysctls": _then(install_sandgate, _sysctls),  # and the gateway's sysctls (rp_filter)
     "before": _then(install_sandgate, _gate_before),  # the TLS gate before this change
     "no-gate": _then(install_sandgate, _no_gate),  # without the TLS gate's iptables tables
     "no-guest": _then(install_sandgate, _no_guest),  # without the guest's uid log and hold
