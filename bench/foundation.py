@@ -178,7 +178,9 @@ def rows(parts: dict[str, Any]) -> list[dict[str, Any]]:
                 f"ratio >= {GOALS[f'throughput_ratio_{tag}']}",
                 r >= GOALS[f"throughput_ratio_{tag}"],
                 "MB/s",
-                f"limit: {t[tag]['sandgate']['limit']} | peer: {t[tag]['kernel']['limit']}",
+                f"limit: {t[tag]['sandgate']['limit']} | peer: {t[tag]['kernel']['limit']}"
+                f" | CPU s/GB {t[tag]['sandgate'].get('cpu_s_per_GB', math.nan):.2f}"
+                f" vs {t[tag]['kernel'].get('cpu_s_per_GB', math.nan):.2f}",  # issue 13
             )
     if "dns" in parts:
         runs = parts["dns"]["runs"]

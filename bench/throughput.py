@@ -72,8 +72,15 @@ def judge(runs: list[dict[str, float]], sampler: Sampler) -> dict[str, Any]:
         mbs = r["bytes"] / r["seconds"] / 1e6 if r.get("seconds") else 0.0
         w = sampler.window(r["start"], r["end"])
         wall = max(r["end"] - r["start"], 1e-9)
+        # CPU per GB of the path's own processes (curl, the server, the gateway daemon): a
+        # veth hands each packet on in its sender's softirq, so the forwarding, conntrack and
+        # NAT of a direction are in these. It travels; MB/s moves with the neighbours.
+        own = r.get("curl_cpu", 0.0) + wall * (
+            w.get("server_cores", 0.0) + w.get("gateway_cores", 0.0)
+        )
         rows.append(
             {
+                "cpu_s_per_GB": own / (r["bytes"] / 1e9) if r.get("bytes") else float("nan"),
                 "MB_s": mbs,
                 "bytes": r["bytes"],
                 "seconds": r["seconds"],
@@ -87,7 +94,14 @@ def judge(runs: list[dict[str, float]], sampler: Sampler) -> dict[str, Any]:
         rates.append(mbs)
     med = statistics.median(rates) if rates else float("nan")
     mid = rows[rates.index(med)] if med in rates else (rows[0] if rows else {})
-    return {"median_MB_s": med, "runs": rows, "at_median": mid, "limit": limit(mid)}
+    cpu = statistics.median(x["cpu_s_per_GB"] for x in rows) if rows else float("nan")
+    return {
+        "median_MB_s": med,
+        "cpu_s_per_GB": cpu,
+        "runs": rows,
+        "at_median": mid,
+        "limit": limit(mid),
+    }
 
 
 def limit(row: dict[str, Any]) -> str:

@@ -43,7 +43,7 @@ from sandgate.gateway.proxy.ca import make_ca, write_pair
 from sandgate.gateway.proxy.firstflight import FirstFlights
 from sandgate.gateway.proxy.sni import NeedMore, parse_client_hello
 from sandgate.net import iptables
-from sandgate.net.iptables import DECIDED, Action, TlsGate
+from sandgate.net.iptables import DECIDED, DENIED, Action, TlsGate
 from sandgate.net.netlink import NetlinkError
 from sandgate.net.nfqueue import NF_ACCEPT, NfqueueSocket, QueuedPacket, pack_verdict
 from sandgate.net.ns import NsThread
@@ -572,6 +572,28 @@ def test_gateway_chain_registered_after_iptables_filter(topo: Topo, reader: Read
         assert topo.run_client(mode="tls", sni="allowed.test", nbytes=MIB)["ok"]
     finally:
         topo.gateway_table()
+
+
+def test_a_denied_flows_replies_are_reset_too(topo: Topo, rules: TlsGate) -> None:
+    """The deny bit stops a flow's packets both ways (the filter rules test the gate's port at
+    either end, issue 13): set on the server's SYN-ACK here, as a verdict sets it on the flow,
+    the SYN-ACK is reset, so the connection never opens: the retransmitted SYN meets the other
+    rule's reset, "refused". Without the reply-side rule the SYN-ACK passes and the handshake
+    completes (then its ACK is reset: "reset by peer", or a connect that succeeds)."""
+    marks = f"{DECIDED | DENIED:#x}"
+    sh("ip", "netns", "exec", topo.router, "nft", "-f", "-", stdin=(
+        "table inet sg_tq_x { chain f { type filter hook forward priority -200;"
+        f" ip saddr {RAW_ADDR} tcp sport 443 ct mark set ct mark or {marks}; }}; }}\n"
+    ))  # fmt: skip
+    try:
+        code = f"import socket; socket.create_connection(({RAW_ADDR!r}, 443), timeout=4)"
+        done = subprocess.run(
+            ["ip", "netns", "exec", topo.client, PY, "-c", code],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode != 0 and "ConnectionRefusedError" in done.stderr, done.stderr
+    finally:
+        sh("ip", "netns", "exec", topo.router, "nft", "delete", "table", "inet", "sg_tq_x")
 
 
 def test_verdict_ct_mark_is_ignored_but_repeat_sets_it(topo: Topo, rules: TlsGate) -> None:

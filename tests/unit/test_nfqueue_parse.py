@@ -441,7 +441,16 @@ def test_restore_text() -> None:
     )
     assert "--queue-bypass" not in text
     reject = "-j REJECT --reject-with tcp-reset"
-    assert f"-A FORWARD -p tcp -m connmark --mark 0x20000000/0x20000000 {reject}" in lines
+    x = "-m connmark --mark 0x20000000/0x20000000"
+    for end in ("dport", "sport"):  # a gated flow's TCP packets: the gate's port at one end
+        assert f"-A FORWARD -p tcp --{end} 443 {x} {reject}" in lines
+    assert f"-A FORWARD ! -p tcp {x} -j DROP" in lines
+    # Only chains with rules are declared: iptables-nft hooks every declared one.
+    assert [ln for ln in lines if ln.startswith(":")] == [
+        ":FORWARD ACCEPT [0:0]",
+        ":sg-tls - [0:0]",
+        ":FORWARD ACCEPT [0:0]",
+    ]
     assert removal_text() == "*mangle\nCOMMIT\n*filter\nCOMMIT\n"
 
 

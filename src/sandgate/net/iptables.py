@@ -24,13 +24,20 @@ The rules, for ``TlsGate(queue_num=N)`` (D = decided bit, X = denied bit of the 
     -A sg-tls -m u32 --u32 "<IPv4, ihl 5, total length == 20 + 4*doff>" -j RETURN   (doff 5..15)
     -A sg-tls -j NFQUEUE --queue-num N        # no --queue-bypass: no reader, no passage
     *filter                                   # base chain FORWARD, priority 0 (filter)
-    -A FORWARD -p tcp -m connmark --mark X/X -j REJECT --reject-with tcp-reset
-    -A FORWARD -m connmark --mark X/X -j DROP
+    -A FORWARD -p tcp --dport 443 -m connmark --mark X/X -j REJECT --reject-with tcp-reset
+    -A FORWARD -p tcp --sport 443 -m connmark --mark X/X -j REJECT --reject-with tcp-reset
+    -A FORWARD ! -p tcp -m connmark --mark X/X -j DROP
 
 Why this shape:
 
 * Only packets of flows without the decided ct bit reach the chain; after the verdict every
   later packet costs a few connmark tests in the kernel and never leaves it.
+* Per forwarded packet, the least work (issue 13, openpath): only the two base chains that
+  hold rules are declared (iptables-nft hooks every chain a restore declares, empty or not),
+  and the xt connmark tests come after native ones (interface, protocol, port), so a packet
+  of another port never reaches them. X is only ever set on TCP flows to ``dport`` entering a
+  guest link, so its packets carry that port at one end: the three filter rules give the
+  verdicts one ``-p tcp`` and one catch-all rule gave.
 * Segments without payload (the SYN, the handshake's ACK, window updates) skip the queue: the
   u32 tests prove "no payload" exactly (total length equals the headers), one rule per TCP
   header length. A length threshold would not do: tiny data segments would slip past it, and a
@@ -156,13 +163,11 @@ def restore_text(gate: TlsGate) -> str:
     """The ``iptables-nft-restore`` input for ``gate`` (module docstring explains each rule)."""
     d, x, c = gate.decided, gate.denied, gate.chain
     both = d | x
+    # Only the base chains that hold rules: iptables-nft makes one for every chain declared,
+    # and each is a hook every packet through it walks, empty or not (issue 13, openpath).
     lines = [
         "*mangle",
-        ":PREROUTING ACCEPT [0:0]",
-        ":INPUT ACCEPT [0:0]",
         ":FORWARD ACCEPT [0:0]",
-        ":OUTPUT ACCEPT [0:0]",
-        ":POSTROUTING ACCEPT [0:0]",
         f":{c} - [0:0]",
         *(
             f"-A FORWARD -i {iface} -p tcp --dport {gate.dport}"
@@ -176,11 +181,17 @@ def restore_text(gate: TlsGate) -> str:
         f"-A {c} -j NFQUEUE --queue-num {gate.queue_num}",
         "COMMIT",
         "*filter",
-        ":INPUT ACCEPT [0:0]",
         ":FORWARD ACCEPT [0:0]",
-        ":OUTPUT ACCEPT [0:0]",
-        f"-A FORWARD -p tcp -m connmark --mark {x:#x}/{x:#x} -j REJECT --reject-with tcp-reset",
-        f"-A FORWARD -m connmark --mark {x:#x}/{x:#x} -j DROP",
+        # Only a gated flow (TCP to dport) can carry X, so each of its TCP packets has that
+        # port as its dport (from the guest) or sport (replies): the same verdicts as one
+        # "-p tcp" rule, but the port tests run natively and the connmark test (an xt match,
+        # nft_compat) only after them, not on every forwarded packet (issue 13, openpath).
+        *(
+            f"-A FORWARD -p tcp --{end} {gate.dport} -m connmark --mark {x:#x}/{x:#x}"
+            " -j REJECT --reject-with tcp-reset"
+            for end in ("dport", "sport")
+        ),
+        f"-A FORWARD ! -p tcp -m connmark --mark {x:#x}/{x:#x} -j DROP",  # its ICMP errors
         "COMMIT",
     ]
     return "\n".join(lines) + "\n"
