@@ -751,14 +751,17 @@ class Lifecycle:
         # and so its addresses, can be given to the next guest. If they cannot, the slot stays
         # taken rather than hand them on.
         addresses = [str(guest.link.guest), str(guest.link.guest6)]
+        loop = asyncio.get_running_loop()
         try:
-            await self._nl(conntrack.forget, addresses)
+            # Not on the netlink worker: the dump walks the kernel's whole conntrack table
+            # (~9 ms here, conntrack.py), which the next join's netlink calls must not wait for.
+            await loop.run_in_executor(None, conntrack.forget, addresses)
         except Exception as exc:
             sys.stderr.write(f"sandgate gateway: forgetting the flows of {addresses}: {exc!r}\n")
             return
         self.table.draining.discard(guest.link.ifname)
         # What its join and leave freed goes back to the system (heap.py); off the loop.
-        await asyncio.get_running_loop().run_in_executor(None, heap.trim)
+        await loop.run_in_executor(None, heap.trim)
 
     async def remove_all(self) -> None:
         for name in [g.link.ifname for g in self.table]:

@@ -24,7 +24,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sandgate.net.netlink import NLM_F_ACK, NLMSG_ERROR, nl_error_code, nl_messages, run_in_netns
+from sandgate.net.netlink import (
+    NFGENMSG,
+    NLA_F_NESTED,
+    NLM_F_ACK,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    nl_attrs,
+    nl_error_code,
+    nl_messages,
+    pack_attr,
+    pack_nfmsg,
+    run_in_netns,
+)
 from sandgate.net.sockdiag import open_socket, pack_diag_request
 
 SOCK_DESTROY = 21
@@ -116,86 +129,102 @@ def cut(flow: Flow, guest_netns: str | None) -> bool:
     return True
 
 
+# ``forget`` runs at every guest's leave. A conntrack dump walks the kernel's whole hash table
+# (global, 262,144 buckets on this host: ~9 ms of kernel CPU per dump, even for an empty
+# namespace; a 1 GB VM has ~16k buckets), whatever filter it carries, so it asks once, for
+# both families (AF_UNSPEC), and matches here. Raw ctnetlink, not pyroute2's ``NFCTSocket``:
+# this is the leave path, and the messages are a few fixed attributes.
+_CT_GET, _CT_DELETE = (1 << 8) | 1, (1 << 8) | 2  # NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_*
+_NLM_F_DUMP = 0x300
+_CTA_TUPLE_ORIG, _CTA_ZONE = 1, 18
+_CTA_TUPLE_IP = 1
+# CTA_IP_V4_SRC/DST, CTA_IP_V6_SRC/DST
+_IP_ATTRS: dict[int, tuple[int, int]] = {socket.AF_INET: (1, 2), socket.AF_INET6: (3, 4)}
+
+
 def forget(addresses: Iterable[str]) -> int:
     """Delete every tracked flow that starts or ends at one of ``addresses``: a leaving guest's.
     An entry outlives its guest (a UDP flow for minutes, a TCP flow whose guest vanished without
     a FIN for days), and the next guest given the address would inherit it: ``ct state
     established`` would accept that guest's packets of the same flow without a verdict. The
-    kernel filters the dump by address (5.8 and later); the match is checked here again, so an
-    older kernel only costs a longer dump. The number deleted."""
-    from pyroute2 import NFCTSocket
-    from pyroute2.netlink.exceptions import NetlinkError
-    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-
-    wanted = {ipaddress.ip_address(a) for a in addresses}
-    deleted = 0
-    for family in (socket.AF_INET, socket.AF_INET6):
-        mine = {a for a in wanted if _family(str(a)) == family}
-        if not mine:
-            continue
-        # A ctnetlink request's family picks the table: one socket a family.
-        with NFCTSocket(nfgen_family=family) as ct:
-            found: dict[tuple[Any, ...], dict[str, Any]] = {}
-            for probe in _probes(family, mine):
-                for msg in ct.dump(tuple_orig=probe):
-                    tup = _orig_tuple(msg, family)
-                    if tup is not None and mine & {
-                        ipaddress.ip_address(tup["saddr"]),
-                        ipaddress.ip_address(tup["daddr"]),
-                    }:
-                        found[tuple(sorted(tup.items()))] = tup
-            for tup in found.values():
-                try:
-                    ct.entry("del", tuple_orig=NFCTAttrTuple(**tup))
-                except NetlinkError as exc:
-                    if exc.code != errno.ENOENT:  # ended on its own meanwhile: fine
-                        raise
-                else:
-                    deleted += 1
+    number deleted."""
+    wanted = {socket.inet_pton(_family(a), a) for a in addresses}
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 12) as sock:
+        sock.settimeout(2.0)
+        found: dict[tuple[int, bytes], bytes] = {}  # (family, original tuple) -> zone attribute
+        for body in _dump(sock, DUMP_ALL, 1):
+            match = matching_tuple(body, wanted)
+            if match is not None:
+                found[match[:2]] = match[2]
+        deleted = 0
+        for seq, ((family, orig), zone) in enumerate(found.items(), start=2):
+            code = _ask(sock, delete_request(family, orig, zone, seq), seq)
+            if code == 0:
+                deleted += 1
+            elif code != -errno.ENOENT:  # ended on its own meanwhile: fine
+                raise OSError(-code, f"deleting a tracked flow: {os.strerror(-code)}")
     return deleted
 
 
-def _probes(
-    family: int, addresses: Iterable[ipaddress.IPv4Address | ipaddress.IPv6Address]
-) -> list[Any]:
-    """The dump filters for ``addresses``: each as source and as destination. The kernel (6.18
-    here) answers an IPv6 address filter with nothing, so IPv6 is dumped whole (its table holds
-    the few flows of guests with an IPv6 uplink)."""
-    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-
-    if family == socket.AF_INET6:
-        return [None]
-    return [
-        NFCTAttrTuple(family=family, **{side: str(a)})
-        for a in addresses
-        for side in ("saddr", "daddr")
-    ]
+# Every tracked flow of the namespace, both families (sequence number 1).
+DUMP_ALL = pack_nfmsg(_CT_GET, NLM_F_REQUEST | _NLM_F_DUMP, 1, family=socket.AF_UNSPEC, res_id=0)
 
 
-def _orig_tuple(msg: Any, family: int) -> dict[str, Any] | None:
-    """The original direction of a conntrack message as ``NFCTAttrTuple`` keywords."""
-    orig = msg.get_attr("CTA_TUPLE_ORIG")
+def matching_tuple(body: bytes, wanted: set[bytes]) -> tuple[int, bytes, bytes] | None:
+    """A conntrack message's family, original tuple (as the kernel sent it) and zone
+    attribute, when its source or destination is one of ``wanted`` (packed addresses)."""
+    family = body[0] if body else 0
+    if family not in _IP_ATTRS:
+        return None
+    top = nl_attrs(body, NFGENMSG.size, len(body))
+    orig = top.get(_CTA_TUPLE_ORIG)
     if orig is None:
         return None
-    ip, proto = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
-    if ip is None or proto is None:
+    ip = nl_attrs(orig, 0, len(orig)).get(_CTA_TUPLE_IP)
+    if ip is None:
         return None
-    v = "V4" if family == socket.AF_INET else "V6"
-    icmp = "ICMP" if family == socket.AF_INET else "ICMPV6"
-    out: dict[str, Any] = {
-        "family": family,
-        "saddr": ip.get_attr(f"CTA_IP_{v}_SRC"),
-        "daddr": ip.get_attr(f"CTA_IP_{v}_DST"),
-        "proto": proto.get_attr("CTA_PROTO_NUM"),
-        "sport": proto.get_attr("CTA_PROTO_SRC_PORT"),
-        "dport": proto.get_attr("CTA_PROTO_DST_PORT"),
-        "icmp_id": proto.get_attr(f"CTA_PROTO_{icmp}_ID"),
-        "icmp_type": proto.get_attr(f"CTA_PROTO_{icmp}_TYPE"),
-        "icmp_code": proto.get_attr(f"CTA_PROTO_{icmp}_CODE"),
-    }
-    if out["saddr"] is None or out["daddr"] is None or out["proto"] is None:
+    ends = nl_attrs(ip, 0, len(ip))
+    src_attr, dst_attr = _IP_ATTRS[family]
+    if ends.get(src_attr) not in wanted and ends.get(dst_attr) not in wanted:
         return None
-    return out
+    zone = top.get(_CTA_ZONE)
+    return family, orig, pack_attr(_CTA_ZONE, zone) if zone is not None else b""
+
+
+def delete_request(family: int, orig: bytes, zone: bytes, seq: int) -> bytes:
+    attrs = pack_attr(_CTA_TUPLE_ORIG | NLA_F_NESTED, orig) + zone
+    return pack_nfmsg(
+        _CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, family=family, res_id=0, attrs=attrs
+    )
+
+
+def _dump(sock: socket.socket, request: bytes, seq: int) -> list[bytes]:
+    """Send a dump request; the bodies of its answers, until the kernel says done."""
+    sock.send(request)
+    bodies: list[bytes] = []
+    while True:
+        buf = sock.recv(1 << 16)
+        for mtype, _flags, mseq, start, end in nl_messages(buf):
+            if mseq != seq:
+                continue
+            if mtype == NLMSG_DONE:
+                return bodies
+            if mtype == NLMSG_ERROR:
+                code = nl_error_code(buf, start, end)
+                if code:
+                    raise OSError(-code, f"listing tracked flows: {os.strerror(-code)}")
+                return bodies
+            bodies.append(buf[start:end])
+
+
+def _ask(sock: socket.socket, request: bytes, seq: int) -> int:
+    """Send one request with an ack asked; its code (0 or -errno)."""
+    sock.send(request)
+    while True:
+        buf = sock.recv(1 << 16)
+        for mtype, _flags, mseq, start, end in nl_messages(buf):
+            if mtype == NLMSG_ERROR and mseq == seq:
+                return nl_error_code(buf, start, end)
 
 
 def _destroy(flow: Flow) -> int:
