@@ -533,17 +533,7 @@ def _start_ahead(
     if box.space is not None:
         box.space.noexec()
     files = {**box.etc_files(PLACEHOLDER_GATEWAY, uid, [b""]), **box.copy_in(dict(opts.files))}
-    assert box.space is not None
-    frame = bwrap.SandboxSpec(
-        netns=f"/run/netns/{box.netns}",
-        uid=uid,
-        gid=uid,
-        command=tuple(opts.command),
-        workdir=box.workdir,
-        home=box.home,
-        files=files,
-        scratch=box.space.scratch(),
-    )
+    frame = _sandbox_spec(box, opts, uid, files)
     with contextlib.suppress(CommandNotFound):
         box.start(
             frame,
@@ -687,6 +677,16 @@ def _spec(
         "SANDGATE_GATEWAY": guest["gateway"],
         **opts.env,
     }
+    return _sandbox_spec(box, opts, uid, files, env)
+
+
+def _sandbox_spec(
+    box: Sandbox,
+    opts: RunOptions,
+    uid: int,
+    files: dict[str, Path],
+    env: dict[str, str] | None = None,
+) -> bwrap.SandboxSpec:
     assert box.space is not None
     return bwrap.SandboxSpec(
         netns=f"/run/netns/{box.netns}",
@@ -696,8 +696,8 @@ def _spec(
         workdir=box.workdir,
         home=box.home,
         files=files,
-        env=env,
         scratch=box.space.scratch(),
+        env=env if env is not None else {},
     )
 
 
