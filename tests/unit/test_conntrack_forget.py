@@ -41,13 +41,9 @@ def test_the_delete_names_the_tuple_as_sent_and_its_zone() -> None:
     match = conntrack.matching_tuple(body, {GUEST})
     assert match is not None
     family, tup, zone = match
-    assert family == socket.AF_INET
-    attrs = conntrack.delete_attrs(tup, zone)
-    assert nl_attrs(attrs, 0, len(attrs)) == {1: orig, 18: (7).to_bytes(2, "big")}
-
-
-def test_the_dump_asks_for_both_families() -> None:
-    length, mtype, flags, seq, _ = NLMSGHDR.unpack_from(conntrack.DUMP_ALL)
-    assert (length, mtype, seq) == (len(conntrack.DUMP_ALL), (1 << 8) | 1, 0)
-    assert flags & 0x300 == 0x300  # a dump
-    assert conntrack.DUMP_ALL[NLMSGHDR.size] == socket.AF_UNSPEC
+    request = conntrack.delete_request(family, tup, zone, 5)
+    length, mtype, flags, seq, _ = NLMSGHDR.unpack_from(request)
+    assert (length, mtype, seq) == (len(request), (1 << 8) | 2, 5) and flags & 0x4  # an ack
+    attrs = nl_attrs(request, NLMSGHDR.size + NFGENMSG.size, len(request))
+    assert attrs[1] == orig and attrs[18] == (7).to_bytes(2, "big")
+    assert request[NLMSGHDR.size] == socket.AF_INET

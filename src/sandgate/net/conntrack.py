@@ -20,7 +20,6 @@ import ipaddress
 import os
 import socket
 import struct
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +31,6 @@ from sandgate.net.netlink import (
     NLM_F_REQUEST,
     NLMSG_DONE,
     NLMSG_ERROR,
-    NetfilterSocket,
-    NetlinkError,
     nl_attrs,
     nl_error_code,
     nl_messages,
@@ -152,49 +149,25 @@ def forget(addresses: Iterable[str]) -> int:
     established`` would accept that guest's packets of the same flow without a verdict. The
     number deleted."""
     wanted = {socket.inet_pton(_family(a), a) for a in addresses}
-    with contextlib.closing(NetfilterSocket(rcvbuf=1 << 20)) as sock:
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 12) as sock:
+        sock.settimeout(2.0)
         found: dict[tuple[int, bytes], bytes] = {}  # (family, original tuple) -> zone attribute
-        for body in _dump_all(sock):
+        for body in _dump(sock, DUMP_ALL, 1):
             match = matching_tuple(body, wanted)
             if match is not None:
                 found[match[:2]] = match[2]
         deleted = 0
-        for (family, orig), zone in found.items():
-            try:
-                sock.request(_CT_DELETE, family=family, res_id=0, attrs=delete_attrs(orig, zone))
-            except NetlinkError as exc:
-                if exc.errno != errno.ENOENT:  # ended on its own meanwhile: fine
-                    raise
-            else:
+        for seq, ((family, orig), zone) in enumerate(found.items(), start=2):
+            code = _ask(sock, delete_request(family, orig, zone, seq), seq)
+            if code == 0:
                 deleted += 1
+            elif code != -errno.ENOENT:  # ended on its own meanwhile: fine
+                raise OSError(-code, f"deleting a tracked flow: {os.strerror(-code)}")
     return deleted
 
 
-# Every tracked flow of the namespace, both families (sequence number 0: the socket's own
-# requests count from 1).
-DUMP_ALL = pack_nfmsg(_CT_GET, NLM_F_REQUEST | _NLM_F_DUMP, 0, family=socket.AF_UNSPEC, res_id=0)
-
-
-def _dump_all(sock: NetfilterSocket, timeout: float = 2.0) -> list[bytes]:
-    """The bodies of ``DUMP_ALL``'s answers, until the kernel says done."""
-    sock.send(DUMP_ALL)
-    bodies: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        if not sock.wait(deadline - time.monotonic()):
-            raise NetlinkError(errno.ETIMEDOUT, "no end to the list of tracked flows")
-        for dgram in sock.recv_datagrams():
-            for mtype, _flags, seq, start, end in nl_messages(dgram):
-                if seq != 0:
-                    continue
-                if mtype == NLMSG_DONE:
-                    return bodies
-                if mtype == NLMSG_ERROR:
-                    code = nl_error_code(dgram, start, end)
-                    if code:
-                        raise NetlinkError(-code, f"listing tracked flows: {os.strerror(-code)}")
-                    return bodies
-                bodies.append(dgram[start:end])
+# Every tracked flow of the namespace, both families (sequence number 1).
+DUMP_ALL = pack_nfmsg(_CT_GET, NLM_F_REQUEST | _NLM_F_DUMP, 1, family=socket.AF_UNSPEC, res_id=0)
 
 
 def matching_tuple(body: bytes, wanted: set[bytes]) -> tuple[int, bytes, bytes] | None:
@@ -218,9 +191,40 @@ def matching_tuple(body: bytes, wanted: set[bytes]) -> tuple[int, bytes, bytes] 
     return family, orig, pack_attr(_CTA_ZONE, zone) if zone is not None else b""
 
 
-def delete_attrs(orig: bytes, zone: bytes) -> bytes:
-    """A delete request's attributes: the original tuple as the kernel sent it, its zone."""
-    return pack_attr(_CTA_TUPLE_ORIG | NLA_F_NESTED, orig) + zone
+def delete_request(family: int, orig: bytes, zone: bytes, seq: int) -> bytes:
+    attrs = pack_attr(_CTA_TUPLE_ORIG | NLA_F_NESTED, orig) + zone
+    return pack_nfmsg(
+        _CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, family=family, res_id=0, attrs=attrs
+    )
+
+
+def _dump(sock: socket.socket, request: bytes, seq: int) -> list[bytes]:
+    """Send a dump request; the bodies of its answers, until the kernel says done."""
+    sock.send(request)
+    bodies: list[bytes] = []
+    while True:
+        buf = sock.recv(1 << 16)
+        for mtype, _flags, mseq, start, end in nl_messages(buf):
+            if mseq != seq:
+                continue
+            if mtype == NLMSG_DONE:
+                return bodies
+            if mtype == NLMSG_ERROR:
+                code = nl_error_code(buf, start, end)
+                if code:
+                    raise OSError(-code, f"listing tracked flows: {os.strerror(-code)}")
+                return bodies
+            bodies.append(buf[start:end])
+
+
+def _ask(sock: socket.socket, request: bytes, seq: int) -> int:
+    """Send one request with an ack asked; its code (0 or -errno)."""
+    sock.send(request)
+    while True:
+        buf = sock.recv(1 << 16)
+        for mtype, _flags, mseq, start, end in nl_messages(buf):
+            if mtype == NLMSG_ERROR and mseq == seq:
+                return nl_error_code(buf, start, end)
 
 
 def _destroy(flow: Flow) -> int:
