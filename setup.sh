@@ -43,13 +43,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 ln -sf "$venv/bin/sandgate" /usr/local/bin/sandgate
 
-# A real agent framework (Hermes Agent, from PyPI) in its own venv outside every sandbox's
-# writable area, for `sandgate suite --agent hermes` and its test. Idempotent (a lock stamp).
-if [ "${SANDGATE_NO_AGENTS:-}" != 1 ]; then
-    "$venv/bin/python" -m sandgate.agents.frameworks install hermes >/dev/null ||
-        echo "setup.sh: hermes-agent could not be installed; its tests will be skipped" >&2
-fi
-
 case "${1:-}" in
     "") ;;
     demo) shift; exec "$venv/bin/sandgate" demo "$@" ;;
@@ -67,9 +60,16 @@ case "${1:-}" in
             apt-get install -y -qq --no-install-recommends "${browser[@]}" >/dev/null
         fi
         # A real model for the test world (--world-model smollm2; its tests skip without it):
-        # llama.cpp built from source once (several minutes), never in `./setup.sh demo`.
-        # mini-swe-agent (its test): its own venv under /opt/sandgate/agents, ~2 min once.
+        # llama.cpp built from source once (several minutes), never in `./setup.sh demo`
+        # (outside the tests, `--world-model smollm2` builds it on first use, saying so).
+        # The agent frameworks (their tests), each in its own venv under /opt/sandgate/agents,
+        # outside every sandbox's writable area; idempotent (a lock stamp). Outside the tests
+        # `sandgate suite --agent NAME` installs one on first use, saying so.
+        # Hermes Agent: ~40 s once.
+        # mini-swe-agent: ~2 min once.
         if [ "${SANDGATE_NO_AGENTS:-}" != 1 ]; then
+            "$venv/bin/python" -m sandgate.agents.frameworks install hermes >/dev/null ||
+                echo "setup.sh: hermes-agent could not be installed; its tests will be skipped" >&2
             "$venv/bin/python" -m sandgate.agents.frameworks install mini-swe-agent >/dev/null ||
                 echo "setup.sh: mini-swe-agent could not be installed; its test will be skipped" >&2
             # aider (its test): ~3 min once from the index, ~40 s from pip's cache

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import shlex
 import string
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -69,40 +72,52 @@ def scripted() -> AgentSpec:
     )
 
 
-def hermes() -> AgentSpec:
-    from sandgate.agents import frameworks
-
-    try:
-        spec: AgentSpec = frameworks.agent_spec("hermes")
-    except frameworks.NotInstalled as exc:
-        raise SandgateError(
-            "the hermes agent framework is not installed",
-            "/opt/sandgate/venv/bin/python -m sandgate.agents.frameworks install hermes "
-            f"(needs the package registry; {exc})",
-        ) from None
-    return spec
-
-
 def _framework(name: str) -> Callable[[], AgentSpec]:
     def spec() -> AgentSpec:
         from sandgate.agents import frameworks
 
-        try:
-            found: AgentSpec = frameworks.agent_spec(name)
-        except frameworks.NotInstalled as exc:
-            raise SandgateError(
-                f"the {name} agent framework is not installed",
-                f"/opt/sandgate/venv/bin/python -m sandgate.agents.frameworks install {name} "
-                f"(needs the package registry; {exc})",
-            ) from None
+        if frameworks.installed(name) is None:
+            _install(name)
+        found: AgentSpec = frameworks.agent_spec(name)
         return found
 
     return spec
 
 
+def _install(name: str) -> None:
+    """A framework's first use installs it (its own venv, pinned), with a line before and after:
+    the set-up's quick path leaves out what only an agent framework needs."""
+    from sandgate.agents import frameworks
+
+    fw = frameworks.get(name)
+    print(
+        f"sandgate: first use of --agent {name}: installing {fw.package} into {fw.venv} "
+        "(once; needs the package registry, a minute or more)",
+        file=sys.stderr,
+        flush=True,
+    )
+    t0 = time.monotonic()
+    try:
+        frameworks.ensure_installed(name)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        why = (
+            f"{exc.cmd[0]} exited {exc.returncode}"
+            if isinstance(exc, subprocess.CalledProcessError)
+            else str(exc)
+        )
+        raise SandgateError(
+            f"the {name} agent framework could not be installed ({why}; its output is above)",
+            f"/opt/sandgate/venv/bin/python -m sandgate.agents.frameworks install {name} "
+            "shows why (it needs the package registry, or a mirror pip is configured for)",
+        ) from None
+    print(
+        f"sandgate: {name} installed ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True
+    )
+
+
 BUILTIN: dict[str, Callable[[], AgentSpec]] = {
     "scripted": scripted,
-    "hermes": hermes,
+    "hermes": _framework("hermes"),
     "mini-swe-agent": _framework("mini-swe-agent"),
     "aider": _framework("aider"),
     "codex": _framework("codex"),

@@ -176,8 +176,9 @@ def stack_for(
 
 
 def check_world_model(name: str | None) -> str | None:
-    """A real model for the test world (world/llm.py), installed; None for the scripted one.
-    Unknown or not installed: an error that says how to install it, before anything is built."""
+    """A real model for the test world (world/llm.py), installed (on first use, before
+    anything is built); None for the scripted one. Unknown, or its install failing: an error
+    that says how to install it."""
     if name in (None, "scripted"):
         return None
     from sandgate.world import llm
@@ -187,8 +188,14 @@ def check_world_model(name: str | None) -> str | None:
     except KeyError as exc:
         raise SandgateError(str(exc.args[0]), "use --world-model smollm2 or leave it out") from None
     problem = llm.missing(name)
-    if problem is not None:
-        raise SandgateError(problem.split(": ", 1)[0], problem.split(": ", 1)[1])
+    if problem is not None:  # first use: build it here, saying so (llm.install's lines)
+        try:
+            llm.install(name)
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+            raise SandgateError(
+                f"{problem.split(': ', 1)[0]}, and installing it failed ({exc})",
+                problem.split(": ", 1)[1],
+            ) from None
     return name
 
 
