@@ -9,6 +9,7 @@ host's); every process is started by us, killed by its pid, and gets SIGKILL if 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import statistics
@@ -34,6 +35,31 @@ def log(msg: str) -> None:
 
 
 # -- statistics -------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    """What a run's figures were measured on, with the machine's speed that hour: CPU-bound
+    figures (µs a query, CPU s a run) differ 2-3x between days of one shared machine, so a
+    comparison across runs divides by ``python_loop_ns`` (one bench's rows are side by side)."""
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+        "kernel": os.uname().release,
+        "python_loop_ns": python_loop_ns(),
+    }
+
+
+def python_loop_ns(rounds: int = 5, n: int = 1_000_000) -> float:
+    """CPU ns per iteration of a bare Python loop (best of ``rounds``): the interpreter's speed
+    on this machine now (31 ns here on 2026-12-02)."""
+    best = math.inf
+    for _ in range(rounds):
+        t0 = time.process_time()
+        total = 0
+        for i in range(n):
+            total += i
+        best = min(best, time.process_time() - t0)
+    return round(best / n * 1e9, 1)
 
 
 def pct(values: Sequence[float], p: float) -> float:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import dnsperf, nflog, startup, throughput, wholerun
-from bench.common import log
+from bench.common import log, machine
 from bench.stack import BenchStack, bench_stack
 
 PARTS: dict[str, Callable[[BenchStack, bool], dict[str, Any]]] = {
@@ -58,14 +58,6 @@ def run(parts: list[str], quick: bool) -> dict[str, Any]:
     out["rows"] = rows(out["parts"])
     out["rerun"] = {p: RERUN[p] + (" --quick" if quick else "") for p in parts}
     return out
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "loadavg_start": os.getloadavg(),
-        "kernel": os.uname().release,
-    }
 
 
 # -- the table ----------------------------------------------------------------------------------
