@@ -7,16 +7,22 @@ and ``--help``, is typer's (cli.py).
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
 
 def main() -> Any:
+    # No collection while the modules load: what they make lives as long as the process,
+    # and the collector's passes over it cost a run ~25 ms CPU of ~190 (issue 13,
+    # 2026-12-02). run_command freezes what is loaded and turns the collector back on.
+    gc.disable()
     from sandgate.runcli import fast_main
 
     code = fast_main(sys.argv[1:])
     if code is not None:
         sys.exit(code)
+    gc.enable()
     from sandgate.cli import typer_main
 
     return typer_main()

@@ -19,6 +19,7 @@ hand the body, and checks that :data:`OPTIONS` is typer's list of ``run`` option
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import re
@@ -276,6 +277,10 @@ def run_command(
         from sandgate.sandbox.workspace import WorkspaceSpec
         from sandgate.session.runner import RunOptions
         from sandgate.session.runner import run as run_session
+    # What is loaded lives until exit: out of the collector's sight (nor walked again when
+    # the interpreter ends), and the collector on for the run (__main__ held it off).
+    gc.freeze()
+    gc.enable()
 
     if world not in (None, "test"):
         raise BadOption("the only world is 'test'", "--world")

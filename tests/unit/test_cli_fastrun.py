@@ -176,8 +176,14 @@ def test_random_argv(argv: list[str]) -> None:
 
 def test_the_fast_path_imports_neither_typer_nor_pydantic() -> None:
     # What each cost a run on this machine (2026-12-01): pydantic ~115 ms CPU, typer ~45, rich
-    # ~25, zipfile ~15 (world fixtures), concurrent.futures ~12 (logging), statistics ~8.
-    heavy = ("typer", "pydantic", "rich", "zipfile", "concurrent.futures", "statistics")
+    # ~25, zipfile ~15 (world fixtures), concurrent.futures ~12 (logging), statistics ~8;
+    # (2026-12-02) the world's builder ~6, the report ~6, the claim model ~5, traceback ~3,
+    # difflib ~1.5 (a drift diff is made only where something changed).
+    heavy = (
+        "typer", "pydantic", "rich", "zipfile", "concurrent.futures", "statistics",
+        "sandgate.world.topology", "sandgate.report.session", "sandgate.session.claims", "difflib",
+        "traceback",
+    )  # fmt: skip
     code = (
         f"HEAVY = {heavy!r}; "
         "import sys; from sandgate import runcli; import sandgate.session.runner; "

@@ -11,7 +11,7 @@ from sandgate.errors import PolicyError
 from sandgate.net.links import Uplink
 from sandgate.policy.load import Policy, parse_policy
 from sandgate.session.stack import gateway_config
-from sandgate.world.topology import WorldInfo
+from sandgate.world.info import WorldInfo
 
 WORLD = WorldInfo(
     uplink=Uplink(kind="netns", address="10.77.0.2/24", via="10.77.0.1"),

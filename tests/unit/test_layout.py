@@ -62,7 +62,7 @@ EXPORTS = {
         "extract_claims", "flagged",
     ],
     "sandgate.vm": ["accel", "disk", "image", "launch", "qemu"],
-    "sandgate.world": ["fixtures", "homelab", "llm", "loadgen", "servers", "topology"],
+    "sandgate.world": ["fixtures", "homelab", "info", "llm", "loadgen", "servers", "topology"],
     "sandgate.world.servers": [],  # each server is run as its own process (python -m ...)
 }  # fmt: skip
 

@@ -16,7 +16,6 @@ import contextlib
 import json
 import socket
 import sys
-import traceback
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +66,8 @@ async def serve_client(
             except (ValueError, KeyError, TypeError) as exc:
                 reply = {"ok": False, "error": f"bad request: {exc}"}
             except Exception as exc:  # report, never die of one request
+                import traceback  # the daemon's side only: a run's client never needs it
+
                 traceback.print_exc(file=sys.stderr)
                 reply = {"ok": False, "error": f"internal error: {exc}"}
             writer.write(encode(reply))

@@ -11,7 +11,6 @@ worth knowing). Pure apart from reading files: the runner does the I/O around it
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -116,6 +115,8 @@ def diff(before: dict[str, str | None], after: dict[str, str | None]) -> list[Dr
         if old == new:
             continue
         change = "added" if old is None else "removed" if new is None else "changed"
+        import difflib  # only where something changed: most sessions change nothing
+
         text = "".join(
             difflib.unified_diff(
                 (old or "").splitlines(keepends=True),

@@ -10,13 +10,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event
 from sandgate.sandbox.bwrap import SANDBOX_WORK
 from sandgate.sandbox.tree import Entry
-from sandgate.session.claims import Evidence, FileFact, Finding
+
+if TYPE_CHECKING:  # loaded where a fact or claim is made: a run without files or answer has none
+    from sandgate.session.claims import FileFact, Finding
 
 HEAD = 4096
 # host, the addresses the session's DNS answers gave it -> allow reason key, or None
@@ -44,6 +46,8 @@ def file_facts(
 
 
 def _fact(path: Path, entry: Entry, created: bool) -> FileFact:
+    from sandgate.session.claims import FileFact
+
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD)
@@ -61,7 +65,7 @@ def findings(
 ) -> list[dict[str, Any]]:
     if not answer.strip():
         return []  # no claim in an empty answer: the reader is not even loaded
-    from sandgate.session.claims import check_claims
+    from sandgate.session.claims import Evidence, check_claims
 
     evidence = Evidence(
         events=events, files=files, model_hosts=tuple(model_hosts), reachable=reachable

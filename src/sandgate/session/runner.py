@@ -8,6 +8,7 @@ it made is removed on the way out: on success, on error, on Ctrl-C and on SIGTER
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -24,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 from sandgate import cleanup
 from sandgate.errors import SandboxError, SandgateError
 from sandgate.events.schema import Event, Kind
-from sandgate.events.store import Store, home_of
+from sandgate.events.store import SessionRow, Store, home_of
 from sandgate.policy.limits import Limits, format_size
-from sandgate.report.session import SessionReport, build_report
 from sandgate.sandbox import bwrap, enter, limits, privilege
 from sandgate.sandbox.launch import (
     CommandNotFound,
@@ -44,6 +44,7 @@ from sandgate.session.timings import Timings
 
 if TYPE_CHECKING:  # QEMU guests' module is imported by the runs that use one (issue 13)
     from sandgate.gateway.control import ControlClient
+    from sandgate.report.session import SessionReport
     from sandgate.vm.launch import VmOptions
 
 UID_BASE = 61000
@@ -89,8 +90,14 @@ class RunOptions:
 class RunResult:
     session: str
     exit_code: int
-    report: SessionReport
+    # The report is built from the session's row and events, read before the store closed,
+    # on first use: a quiet run shows none and loads no report code (issue 13).
+    report_of: Callable[[], SessionReport] = field(repr=False, compare=False)
     message: str | None = None
+
+    @functools.cached_property
+    def report(self) -> SessionReport:
+        return self.report_of()
 
 
 class Interrupted(SandgateError):
@@ -365,18 +372,31 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         else:
             end.update(_claims(stack, opts, guest, store, sid, answer, facts))
     store.session_end(sid, exit_code, {**start_details, **end})
-    export_ocsf(keep / OCSF_FILE, store.events_with_ids(session=sid))
-    report = build_report(store.session(sid), store.events(session=sid), counters)
+    rows = store.events_with_ids(session=sid)
+    export_ocsf(keep / OCSF_FILE, rows)
+    report_of = _report_of(store.session(sid), [e for _, e in rows], counters)
     store.close()
     t_report.end()
+    result = RunResult(sid, exit_code, report_of, message)
     if opts.notify:
-        notify(opts.notify, {"event": "session-end", **report_summary(report)})
+        notify(opts.notify, {"event": "session-end", **report_summary(result.report)})
     with t.phase("retention"):
         if retain is not None and retain.ident is not None:
             retain.join()
         else:  # the command never started
             _retain(opts.store, sid)
-    return RunResult(sid, exit_code, report, message)
+    return result
+
+
+def _report_of(
+    row: SessionRow | None, events: list[Event], counters: dict[str, Any]
+) -> Callable[[], SessionReport]:
+    def build() -> SessionReport:
+        from sandgate.report.session import build_report
+
+        return build_report(row, events, counters)
+
+    return build
 
 
 def _claims(

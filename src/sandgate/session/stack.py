@@ -29,10 +29,11 @@ from sandgate.gateway import manage
 from sandgate.gateway.config import GatewayConfig, run_dir
 from sandgate.gateway.manage import GatewayHandle
 from sandgate.net.links import Uplink
-from sandgate.world.topology import TestWorld, WorldInfo
+from sandgate.world.info import WorldInfo
 
 if TYPE_CHECKING:  # policy/ brings pydantic: a run on a running gateway loads no policy
     from sandgate.policy.load import Policy
+    from sandgate.world.topology import TestWorld  # the builder: only when a world is brought up
 
 
 @dataclass
@@ -92,6 +93,8 @@ def bring_up(
     cleanup.own(f"instance-{name}")
     tw = None
     if world:
+        from sandgate.world.topology import TestWorld
+
         tw = TestWorld(
             name,
             on_start=lambda pid: cleanup.add_pid(f"world-{name}", pid),

@@ -5,6 +5,7 @@ Imports no agents: whoever builds it hands it the model servers' script.
 __all__ = [
     "fixtures",
     "homelab",
+    "info",
     "llm",
     "loadgen",
     "servers",

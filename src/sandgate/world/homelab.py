@@ -37,7 +37,8 @@ from sandgate.net import handed as hd
 from sandgate.net import ns
 from sandgate.net.compile import GuestLink
 from sandgate.policy.load import Policy, load_policy
-from sandgate.world.topology import GATEWAY_UPLINK, RESOLVER, ROUTER, TestWorld, WorldInfo
+from sandgate.world.info import WorldInfo
+from sandgate.world.topology import GATEWAY_UPLINK, RESOLVER, ROUTER, TestWorld
 
 READY_TIMEOUT = 60.0
 UPLINK_PORT = "hlgw0"  # the gateway VM's uplink as a port of the LAN's bridge

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandgate.net import ns
 from sandgate.net.links import Uplink
+from sandgate.world.info import WorldInfo
 from sandgate.world.servers.launch import Running, start
 
 if TYPE_CHECKING:
@@ -121,22 +122,6 @@ def resolve_name(name: str) -> list[str]:
         return [table[name]]
     zone = next((z for z in WILDCARD_ZONES if name.endswith("." + z)), None)
     return [HOSTS[zone]] if zone is not None else []
-
-
-@dataclass
-class WorldInfo:
-    """What a gateway and sandboxes need to know about a running world."""
-
-    uplink: Uplink
-    upstream_dns: tuple[str, ...]
-    public_override: tuple[str, ...]
-    ca_cert: Path
-    policy: Path
-    logs: dict[str, Path]
-    namespaces: tuple[str, ...]
-    # The "real" credentials of the world's hosted APIs, for the gateway's environment only.
-    gateway_env: dict[str, str] = field(default_factory=dict)
-    model: str = "scripted"  # what the LAN model server is: scripted, or a world/llm.py model
 
 
 @dataclass
