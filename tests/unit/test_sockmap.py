@@ -254,37 +254,3 @@ def test_a_guest_that_stops_reading_holds_the_far_end_back_then_gets_every_byte(
     assert (out[0].up, out[0].down, out[0].ended) == (0, total, "eof")
     client.close()
     server.close()
-
-
-def test_a_source_that_ends_while_paused_still_delivers_its_rest_then_the_fin(
-    kernel: sockmap.Kernel,
-) -> None:
-    """Paused past its FIN, a source cannot rejoin (the map takes only ESTABLISHED sockets):
-    the thread copies what waits in its queue, then carries the FIN."""
-    client, inner_c = _pair()
-    inner_s, server = _pair()
-    out: list[RelayResult] = []
-    ended = threading.Event()
-    kernel.start(inner_c, inner_s, lambda r: (out.append(r), ended.set()))
-    rest = bytes(range(256)) * 128  # 32 KiB: within the first receive window
-    with kernel._lock:  # the thread waits: pause the far end's way by hand, as past HIGH
-        far = inner_s.getpeername()
-        tunnel = next(t for t in kernel._tunnels.values() if t.down.src.getpeername() == far)
-        assert kernel.maps is not None
-        bpf.map_delete(kernel.maps.joined, tunnel.down.key)
-        tunnel.down.paused = True
-        server.sendall(rest)
-        server.shutdown(socket.SHUT_WR)
-        while tunnel.down.src.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != 8:
-            time.sleep(0.01)  # until the paused source has the FIN: CLOSE_WAIT
-    inner_c.close()
-    inner_s.close()
-    client.settimeout(20)
-    assert _recv_all(client) == rest
-    client.shutdown(socket.SHUT_WR)
-    assert _recv_all(server) == b""
-    assert ended.wait(20)
-    assert tunnel.down.tail is not None  # the copy, not a rejoin, carried it
-    assert (out[0].up, out[0].down, out[0].ended) == (0, len(rest), "eof")
-    client.close()
-    server.close()
