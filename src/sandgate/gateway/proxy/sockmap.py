@@ -41,18 +41,7 @@ tick (not on data):
   bytes_retrans, plus notsent_bytes);
 - a reset (EPOLLERR) resets the other side, as the hub does;
 - idle (TCP_INFO last_data_recv of both sockets) and total timeouts, on the tick;
-- byte counts for the event, from the same counters;
-- backpressure. The kernel queues a redirected skb on the peer's psock without any bound and
-  outside the TCP memory limits (net/core/skmsg.c: a limit was proposed and refused upstream,
-  since TCP has acked those bytes), so a guest that stops reading let a fast far end park
-  1 GB in the gateway's kernel in under a second (1000 MiB on loopback, MemAvailable down as
-  much; /proc/net/sockstat's TCP memory unmoved). Every POLL the thread counts each way's
-  backlog (bytes taken from the source, less those written to the destination) and pauses a
-  way past HIGH by taking its source out of ``joined`` (the program is detached from it, its
-  bytes stay in its receive queue, its window closes: the far end is held by TCP itself); below
-  LOW the source goes back in and SO_RCVLOWAT runs the program on what waited. A source that
-  sent its FIN while paused can no longer join (the map takes only ESTABLISHED sockets): once
-  the destination has everything before it, the thread copies that bounded rest itself.
+- byte counts for the event, from the same counters.
 A byte cap cannot be held exactly from user space while the kernel moves the bytes, so a capped
 tunnel goes to the splice hub, where it is exact. Anything missing in BPF (an older kernel,
 EPERM, a verifier refusal) sends every tunnel to the hub, said once on stderr; a socket the map
@@ -79,8 +68,6 @@ the kernel's, at nice 0).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import fcntl
 import os
 import select
@@ -114,9 +101,6 @@ DRAIN_POLL, DRAIN_POLL_MAX = 0.001, 0.1
 # loopback alone (bench.relayloop, 3 pairs) the fixed buffers did better: 529-701 against
 # 470-558 MB/s, kworker 0.19-0.21 against 0.28-0.36 s/GB. A fixed size also disables autotuning
 # and is capped at wmem_max/rmem_max (208 KiB when stock).
-# Backpressure (see above): a way's backlog past HIGH pauses its source, below LOW resumes it;
-# counted every POLL seconds, so a way can overshoot HIGH by what arrives in one POLL.
-HIGH, LOW, POLL = 4 << 20, 1 << 20, 0.02
 MAX_TUNNELS = 1 << 15  # each map holds two sockets per tunnel; past this, tunnels take the hub
 SO_COOKIE = getattr(socket, "SO_COOKIE", 57)
 _TCP_INFO_LEN = 232  # through tcpi_bytes_retrans (include/uapi/linux/tcp.h)
@@ -207,14 +191,10 @@ class Maps:
 class _Way:
     """One direction, ``src`` -> ``dst``; counts are relative to the hand-off."""
 
-    __slots__ = ("closed", "dst", "eof", "key", "moved", "paused", "src", "tail", "taken0",
-                 "written0")  # fmt: skip
+    __slots__ = ("closed", "dst", "eof", "moved", "src", "taken0", "written0")
 
     def __init__(self, src: socket.socket, dst: socket.socket, taken0: int, written0: int) -> None:
         self.src, self.dst = src, dst
-        self.key = cookie(src)  # src's key in ``joined``
-        self.paused = False  # src is out of ``joined``: its bytes wait in its receive queue
-        self.tail: bytearray | None = None  # paused past its FIN: user space copies the rest
         self.taken0 = taken0  # bytes received on src that were no longer queued at hand-off
         self.written0 = written0  # bytes written to dst before the hand-off
         self.eof = False  # src has sent FIN
@@ -226,13 +206,6 @@ class _Way:
         src, dst = Counters.of(self.src), Counters.of(self.dst)
         self.moved = dst.written - self.written0
         return src.received - 1 - self.taken0 == self.moved
-
-    def backlog(self, src: Counters, dst: Counters) -> int:
-        """Bytes taken from src (a FIN's one aside) and not yet handed to dst's TCP: what the
-        kernel holds for this way. While src is paused its queue is not taken, so not counted."""
-        self.moved = dst.written - self.written0
-        waiting = _queued(self.src) if self.paused else 0
-        return src.received - self.eof - self.taken0 - waiting - self.moved
 
 
 class _Tunnel:
@@ -383,13 +356,10 @@ class Kernel:
 
     def _run(self) -> None:
         next_tick = time.monotonic() + TICK
-        next_poll = time.monotonic() + POLL
         while True:
             try:
                 now = time.monotonic()
                 soonest = min((due for due, _, _ in self._draining.values()), default=now + TICK)
-                if self._tunnels:
-                    soonest = min(soonest, next_poll)
                 events = self._epoll.poll(max(0.0, min(soonest - now, TICK)))
             except InterruptedError:
                 continue
@@ -402,11 +372,6 @@ class Kernel:
                 for tunnel, (due, _, _) in list(self._draining.items()):
                     if now >= due:
                         self._guarded(tunnel, self._carry_fins)
-                now = time.monotonic()
-                if now >= next_poll:
-                    next_poll = now + POLL
-                    for tunnel in set(self._tunnels.values()):
-                        self._guarded(tunnel, self._regulate)
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + TICK
@@ -453,50 +418,6 @@ class Kernel:
         else:
             self._draining.pop(tunnel, None)
 
-    def _regulate(self, tunnel: _Tunnel) -> None:
-        """Pause a way whose backlog passed HIGH, resume one back below LOW (module docstring)."""
-        assert self.maps is not None
-        c, s = (Counters.of(sock) for sock in tunnel.socks)
-        for way, src, dst in ((tunnel.up, c, s), (tunnel.down, s, c)):
-            if way.closed:
-                continue
-            if way.tail is not None:
-                self._copy_tail(tunnel, way)
-                continue
-            backlog = way.backlog(src, dst)
-            if not way.paused and backlog > HIGH:
-                bpf.map_delete(self.maps.joined, way.key)
-                way.paused = True
-            elif way.paused and backlog < LOW:
-                try:
-                    bpf.map_update(self.maps.joined, way.key, struct.pack("<Q", way.src.fileno()))
-                except OSError:  # src is past its FIN (CLOSE_WAIT): the map refuses it
-                    if backlog == 0:  # dst has every byte before the rest: copy the rest here
-                        way.tail = bytearray()
-                        self._copy_tail(tunnel, way)
-                    continue
-                way.paused = False
-                way.src.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # run it on them
-
-    def _copy_tail(self, tunnel: _Tunnel, way: _Way) -> None:
-        """A paused source that ended: move what it still holds to dst without blocking."""
-        assert way.tail is not None
-        while True:
-            if not way.tail:
-                try:
-                    data = way.src.recv(1 << 16, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    return
-                if not data:  # the FIN: every byte is out, carry it as for any way
-                    self._carry_fins(tunnel)
-                    return
-                way.tail += data
-            try:
-                sent = way.dst.send(way.tail, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return  # dst is full: the next POLL goes on
-            del way.tail[:sent]
-
     def _check_deadlines(self, tunnel: _Tunnel, now: float) -> None:
         if now > tunnel.deadline:
             self._end(tunnel, "total")
@@ -536,25 +457,6 @@ def _inq(sock: socket.socket) -> int:
     """Bytes queued on the socket, not yet read (FIONREAD/SIOCINQ)."""
     buf = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
     return int(struct.unpack("<i", buf)[0])
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.recv.restype = ctypes.c_ssize_t
-_libc.recv.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_PEEK_COUNT = socket.MSG_PEEK | socket.MSG_TRUNC | socket.MSG_DONTWAIT
-
-
-def _queued(sock: socket.socket) -> int:
-    """Bytes in a joined socket's TCP receive queue. FIONREAD cannot say: on a socket in a
-    sockmap it counts the psock's own queue (tcp_bpf_ioctl). A TCP recv with MSG_PEEK and
-    MSG_TRUNC counts what it would read without copying or taking it."""
-    n = _libc.recv(sock.fileno(), None, 1 << 30, _PEEK_COUNT)
-    if n >= 0:
-        return int(n)
-    err = ctypes.get_errno()
-    if err in (errno.EAGAIN, errno.EWOULDBLOCK):
-        return 0
-    raise OSError(err, os.strerror(err))
 
 
 def _socket_error(sock: socket.socket) -> OSError:
