@@ -212,8 +212,8 @@ def test_a_bug_or_a_failing_callback_costs_one_tunnel_not_the_thread(
 @pytest.mark.xfail(
     strict=True,
     reason="known bug, not fixed: the kernel queues redirected skbs on the peer's psock without a"
-    " bound and outside tcp_mem; a pause/resume fix (branch relay, reverted) hung under"
-    " contention",
+    " bound and outside tcp_mem; pausing by taking the source out of the map (branch relay,"
+    " reverted) loses the skb that arrives while the program is detached",
 )
 def test_a_guest_that_stops_reading_holds_the_far_end_back(kernel: sockmap.Kernel) -> None:
     """A guest that reads nothing must not let a far end park its bytes in the gateway's kernel
