@@ -30,6 +30,7 @@ import ctypes
 import json
 import multiprocessing as mp
 import os
+import queue
 import re
 import socket
 import statistics
@@ -97,7 +98,8 @@ class _Tracer:
         if libc.unshare(ns) or libc.mount(None, b"/", None, rec | private, None):
             raise OSError(ctypes.get_errno(), "a private mount namespace")
         root = b"/sys/kernel/tracing"
-        if libc.mount(b"none", root, b"tracefs", 0, None):
+        # EBUSY: tracefs is mounted there already (the copy this namespace inherited): use it.
+        if libc.mount(b"none", root, b"tracefs", 0, None) and ctypes.get_errno() != 16:
             raise OSError(ctypes.get_errno(), "mounting tracefs")
         self.dir = f"/sys/kernel/tracing/instances/sg-relayloop-{os.getpid()}"
         os.mkdir(self.dir)
@@ -265,7 +267,15 @@ def main(rounds: int, trace: bool = False) -> dict[str, Any]:
     assert far.pid is not None
     child = mp.Process(target=_peers, args=(plan, far.pid, q, trace))
     child.start()
-    out, traced = q.get()
+    while True:  # a child that fails says so on stderr; waiting on for it would hang
+        try:
+            out, traced = q.get(timeout=1)
+            break
+        except queue.Empty:
+            if not child.is_alive():
+                far.kill()
+                why = f"relayloop: the peers' process ended with {child.exitcode}"
+                raise SystemExit(why) from None
     child.join()
     far.kill()
     far.join()
