@@ -238,6 +238,7 @@ def main(rounds: int, trace: bool = False) -> dict[str, Any]:
     upstream = socket.create_server(("127.0.0.1", 0))
     uport = upstream.getsockname()[1]
     doors = {}
+    sockmap.KERNEL.on = True  # the kernel relay is off in a gateway by default (sockmap.ON)
     for name, size in SIZES.items():
         door = socket.create_server(("127.0.0.1", 0))
         doors[name] = door

@@ -101,14 +101,14 @@ def test_explicit_proxy_connect_and_absolute_form(sandbox: Runner, work: Path) -
     }
     connect = next(e for e in events if e.name == "pypi.org")
     assert connect.details["tls"] == "passthrough" and connect.details["sni"] == "pypi.org"
-    # The kernel carried the tunnel (sockmap.py: two maps and a program in the daemon, made on
-    # the first raw tunnel), and its bytes are counted.
+    # The splice hub carried the tunnel, the gateway's default (sockmap.ON: the kernel relay has
+    # no bound on what a guest that stops reading makes it hold), and its bytes are counted.
     fd_dir = Path(f"/proc/{sandbox.stack.gateway.pid}/fd")
     held = []
     for fd in fd_dir.iterdir():  # the daemon's after-reply work opens and closes sockets
         with contextlib.suppress(FileNotFoundError):
             held.append(os.readlink(fd))
-    assert held.count("anon_inode:bpf-map") == 2 and held.count("anon_inode:bpf-prog") == 1
+    assert held.count("anon_inode:bpf-map") == 0 and held.count("anon_inode:bpf-prog") == 0
     assert connect.details["bytes_up"] > 500 and connect.details["bytes_down"] > 2000
 
 

@@ -24,10 +24,11 @@ Start = Callable[..., None]
 
 
 @pytest.fixture(params=["hub", "kernel"])
-def start(request: pytest.FixtureRequest) -> Start:
+def start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Start:
     """relay.start (the splice hub) or sockmap.start (the kernel carries it)."""
     if request.param == "hub":
         return relay.start
+    monkeypatch.setattr(sockmap.KERNEL, "on", True)  # off by default (sockmap.ON)
     if not sockmap.KERNEL._ready():
         if os.geteuid() != 0:  # loading BPF needs CAP_BPF and CAP_NET_ADMIN
             pytest.skip(f"BPF sockmap unavailable here: {sockmap.KERNEL.unavailable}")

@@ -46,9 +46,10 @@ A byte cap cannot be held exactly from user space while the kernel moves the byt
 tunnel goes to the splice hub, where it is exact. Anything missing in BPF (an older kernel,
 EPERM, a verifier refusal) sends every tunnel to the hub, said once on stderr; a socket the map
 refuses (not ESTABLISHED any more) sends that tunnel there. A tunnel is never failed for it.
-``SANDGATE_SOCKMAP=0`` in the gateway's environment sends every tunnel to the hub (to compare
-the two, or should a kernel's sockmap misbehave). ``Kernel.routes()`` counts where each tunnel
-went (``kernel``, or ``hub.<why>``), so a benchmark can tell a kernel tunnel from a fallback.
+The kernel relay is off unless ``SANDGATE_SOCKMAP=1`` is in the gateway's environment (``ON``:
+its queue has no bound yet); off, every tunnel goes to the hub (``hub.off``).
+``Kernel.routes()`` counts where each tunnel went (``kernel``, or ``hub.<why>``), so a
+benchmark can tell a kernel tunnel from a fallback.
 
 What the kernel's redirect costs (2026-12-01, kernel 6.18, ``python -m bench.relayloop 3 --trace``):
 the kernel never sends a redirected skb from the softirq that received it. sk_psock_skb_redirect
@@ -225,8 +226,10 @@ class _Tunnel:
 class Kernel:
     """Tunnels joined in the kernel, watched by one thread. ``start`` falls back to ``hub``."""
 
-    def __init__(self, hub: relay.Hub | None = None) -> None:
+    def __init__(self, hub: relay.Hub | None = None, *, on: bool = True) -> None:
         self.hub = hub or relay.HUB
+        # Off: every tunnel takes the hub (the gateway's default, ``ON``: see its comment).
+        self.on = on
         self.maps: Maps | None = None
         self.unavailable: str | None = None  # why BPF cannot carry tunnels here (said once)
         self._said: set[str] = set()
@@ -285,13 +288,15 @@ class Kernel:
 
     def routes(self) -> dict[str, int]:
         """Tunnels started so far, by where they went: ``kernel``, or the hub and why
-        (``hub.cap``, ``hub.unavailable``, ``hub.full``, ``hub.refused``)."""
+        (``hub.off``, ``hub.cap``, ``hub.unavailable``, ``hub.full``, ``hub.refused``)."""
         return dict(self._routes)
 
     # -- set-up -----------------------------------------------------------------------------------
 
     def _why_hub(self, cap: int | None) -> str | None:
         """Why this tunnel cannot be joined in the kernel (its ``routes`` key), None if it can."""
+        if not self.on:
+            return "hub.off"
         if cap is not None:
             return "hub.cap"  # only the hub holds a byte cap exactly
         if not self._ready():
@@ -309,8 +314,6 @@ class Kernel:
             with self._lock:
                 if self.maps is None and self.unavailable is None:
                     try:
-                        if os.environ.get("SANDGATE_SOCKMAP") == "0":
-                            raise OSError("SANDGATE_SOCKMAP=0")
                         self.maps = Maps.make()
                     except OSError as exc:
                         self.unavailable = str(exc).splitlines()[0]
@@ -464,7 +467,13 @@ def _socket_error(sock: socket.socket) -> OSError:
     return OSError(err, os.strerror(err))
 
 
-KERNEL = Kernel()
+# Off unless the gateway's environment says SANDGATE_SOCKMAP=1 (2026-12-02): the kernel queues
+# a redirected skb on the peer's psock without a bound and outside the TCP memory limits, so a
+# guest that stops reading lets a far end park its whole download in the gateway's memory (a
+# GiB in seconds on loopback; test_sockmap's strict xfail). The hub's pipes hold a way back at
+# 1 MiB by TCP itself. The kernel relay comes back as the default once it has a bound.
+ON = os.environ.get("SANDGATE_SOCKMAP") == "1"
+KERNEL = Kernel(on=ON)
 
 
 def start(
