@@ -65,7 +65,7 @@ case "${1:-}" in
         # The agent frameworks (their tests), each in its own venv under /opt/sandgate/agents,
         # outside every sandbox's writable area; idempotent (a lock stamp). Outside the tests
         # `sandgate suite --agent NAME` installs one on first use, saying so.
-        # Hermes Agent: ~40 s once.
+        # Hermes Agent: ~1.5 min once with an empty pip cache (2026-12-02).
         # mini-swe-agent: ~2 min once.
         if [ "${SANDGATE_NO_AGENTS:-}" != 1 ]; then
             "$venv/bin/python" -m sandgate.agents.frameworks install hermes >/dev/null ||

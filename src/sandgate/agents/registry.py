@@ -78,7 +78,13 @@ def _framework(name: str) -> Callable[[], AgentSpec]:
 
         if frameworks.installed(name) is None:
             _install(name)
-        found: AgentSpec = frameworks.agent_spec(name)
+        try:
+            found: AgentSpec = frameworks.agent_spec(name)
+        except frameworks.NotInstalled as exc:  # installed, yet not what this lock asks for
+            raise SandgateError(
+                f"the {name} agent framework is not usable ({exc})",
+                f"/opt/sandgate/venv/bin/python -m sandgate.agents.frameworks install {name}",
+            ) from None
         return found
 
     return spec
