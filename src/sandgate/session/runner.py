@@ -169,8 +169,7 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
     before: dict[str, str | None] = {}
     retain: threading.Thread | None = None
     snapping: ControlClient | None = None  # the drift snapshot before, asked and not read yet
-    destroyed = False  # the sandbox's namespace and folders are gone, or going (undoing)
-    undoing: threading.Thread | None = None  # their removal, joined before run_in returns
+    destroyed = False  # the sandbox's namespace and folders are gone
     start_details = {**opts.details, **({"label": opts.label} if opts.label else {})}
     if opts.vm is not None:
         from sandgate.vm import launch as vm_launch
@@ -320,14 +319,14 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
                     except Exception as exc:  # a finding we cannot make must not keep the box
                         findings = {"findings_error": f"{type(exc).__name__}: {exc}"}
             # The sandbox's disk is read: its namespace and folders go while the gateway
-            # removes the guest and the report is made, on a thread: each unmount waits out
-            # an RCU grace period, which the report's Python need not wait for (issue 13).
-            # The gateway's sockets in the namespace keep it alive until it lets go of it.
-            # Its phase ("teardown: netns, dirs") is what is left of it to wait for at the end.
-            if box is not None:
-                undoing = threading.Thread(target=_destroy, args=(box,), name="undo")
-                undoing.start()
-                destroyed = True
+            # removes the guest (both mostly wait on the kernel; issue 13). The gateway's
+            # sockets in the namespace keep it alive until the gateway lets go of it.
+            with t.phase("teardown: netns, dirs"):
+                if box is not None:
+                    box.destroy()
+                    if box.netns:
+                        cleanup.disown(box.netns)
+                    destroyed = True
             if removal is not None:
                 with t.phase("control remove_guest (log settle)") as ph:
                     removed = removal.result()
@@ -337,68 +336,59 @@ def run_in(stack: Stack, opts: RunOptions) -> RunResult:
         finally:
             if box is not None and not destroyed:  # on the way out with an error
                 with t.phase("teardown: netns, dirs"):
-                    _destroy(box)
-    try:
-        if guest is None:
-            store.close()
-            raise SandgateError(message or "the sandbox could not be started")
-        t_report = t.begin("report (store, claims, OCSF)")
-        facts = findings.pop(FILE_FACTS, None)
-        hits: list[dict[str, Any]] = []
-        if cgroup is not None and usage is not None:
-            hits = _limit_events(store, sid, guest["guest"], cgroup, usage)
-            if hits and not message:
-                message = "; ".join(h["text"] for h in hits)
-        end = {**findings, "counters": counters, **({"message": message} if message else {})}
-        model_broke = False
-        if stack.world is not None and started_at is not None:
-            end["model_use"] = use = _model_use(stack.world.logs, started_at, time.time())
-            if use.get("aborted"):
-                # The agent's answer after a broken stream is the model server's failure, not a
-                # claim the agent made: it is reported, and not held against the evidence.
-                model_broke = True
-                broke = f"the model server stopped mid-stream ({use['aborted']} stream(s))"
-                message = end["message"] = f"{message}; {broke}" if message else broke
-        if cgroup is not None:
-            end["limits"] = cgroup.as_json()
-            end["limit_hits"] = hits
-            if usage is not None:
-                end["usage"] = {"pids_peak": usage.pids_peak, "memory_peak": usage.memory_peak}
-        # Every event of the session is in: the gateway flushed its own before remove_guest's
-        # reply, and the runner's (limit notices) are added above. Read once (issue 13).
-        rows = store.events_with_ids(session=sid)
-        events = [e for _, e in rows]
-        if box is not None and box.output is not None:
-            end["output"] = str(box.output)
-            end["answer"] = answer = final_answer(_read_output(box.output), opts.answer_after)
-            if model_broke:
-                end["claims_skipped"] = "the model server stopped mid-stream"
-            else:
-                end.update(_claims(stack, opts, guest, events, answer, facts))
-        store.session_end(sid, exit_code, {**start_details, **end})
-        export_ocsf(keep / OCSF_FILE, rows)
-        report_of = _report_of(store.session(sid), events, counters)
+                    box.destroy()
+                    if box.netns:
+                        cleanup.disown(box.netns)
+    if guest is None:
         store.close()
-        t_report.end()
-        result = RunResult(sid, exit_code, report_of, message)
-        if opts.notify:
-            notify(opts.notify, {"event": "session-end", **report_summary(result.report)})
-        with t.phase("retention"):
-            if retain is not None and retain.ident is not None:
-                retain.join()
-            else:  # the command never started
-                _retain(opts.store, sid)
-        return result
-    finally:
-        if undoing is not None:
-            with t.phase("teardown: netns, dirs"):
-                undoing.join()
-
-
-def _destroy(box: Sandbox) -> None:
-    box.destroy()
-    if box.netns:
-        cleanup.disown(box.netns)
+        raise SandgateError(message or "the sandbox could not be started")
+    t_report = t.begin("report (store, claims, OCSF)")
+    facts = findings.pop(FILE_FACTS, None)
+    hits: list[dict[str, Any]] = []
+    if cgroup is not None and usage is not None:
+        hits = _limit_events(store, sid, guest["guest"], cgroup, usage)
+        if hits and not message:
+            message = "; ".join(h["text"] for h in hits)
+    end = {**findings, "counters": counters, **({"message": message} if message else {})}
+    model_broke = False
+    if stack.world is not None and started_at is not None:
+        end["model_use"] = use = _model_use(stack.world.logs, started_at, time.time())
+        if use.get("aborted"):
+            # The agent's answer after a broken stream is the model server's failure, not a
+            # claim the agent made: it is reported, and not held against the evidence.
+            model_broke = True
+            broke = f"the model server stopped mid-stream ({use['aborted']} stream(s))"
+            message = end["message"] = f"{message}; {broke}" if message else broke
+    if cgroup is not None:
+        end["limits"] = cgroup.as_json()
+        end["limit_hits"] = hits
+        if usage is not None:
+            end["usage"] = {"pids_peak": usage.pids_peak, "memory_peak": usage.memory_peak}
+    # Every event of the session is in: the gateway flushed its own before remove_guest's
+    # reply, and the runner's (limit notices) are added above. Read once (issue 13).
+    rows = store.events_with_ids(session=sid)
+    events = [e for _, e in rows]
+    if box is not None and box.output is not None:
+        end["output"] = str(box.output)
+        end["answer"] = answer = final_answer(_read_output(box.output), opts.answer_after)
+        if model_broke:
+            end["claims_skipped"] = "the model server stopped mid-stream"
+        else:
+            end.update(_claims(stack, opts, guest, events, answer, facts))
+    store.session_end(sid, exit_code, {**start_details, **end})
+    export_ocsf(keep / OCSF_FILE, rows)
+    report_of = _report_of(store.session(sid), events, counters)
+    store.close()
+    t_report.end()
+    result = RunResult(sid, exit_code, report_of, message)
+    if opts.notify:
+        notify(opts.notify, {"event": "session-end", **report_summary(result.report)})
+    with t.phase("retention"):
+        if retain is not None and retain.ident is not None:
+            retain.join()
+        else:  # the command never started
+            _retain(opts.store, sid)
+    return result
 
 
 def _report_of(
