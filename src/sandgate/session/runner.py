@@ -727,24 +727,19 @@ def _snapshot(
     box: Sandbox,
     removal: _Removal | None = None,
     asked: ControlClient | None = None,
-    meanwhile: Callable[[], None] | None = None,
 ) -> tuple[dict[str, str | None], dict[str, Any]]:
     """The drift snapshot, and the gateway's own answer (digest, expected digest).
     ``removal``: asked on the same connection, right behind the snapshot. ``asked``: a
-    connection the snapshot was asked on already (``_add_guest``): its answer is read there.
-    ``meanwhile``: work done while the gateway answers, before the sandbox's files are read."""
+    connection the snapshot was asked on already (``_add_guest``): its answer is read there."""
     ctl = asked or stack.gateway.client()
     try:
         if asked is None:
             ctl.send("snapshot")
         if removal is not None:
             removal.send_on(ctl)
-        # The sandbox's files are read while the gateway answers (issue 13: the runner waited
-        # for the answer ~2 ms a session at load 3-4); a failure to read them still reads the
-        # answer, which the removal's reply follows on the connection.
+        # The sandbox's files are read while the gateway answers (issue 13: ~1 ms each way);
+        # a failure to read them still reads the answer, which the removal's reply follows.
         try:
-            if meanwhile is not None:
-                meanwhile()
             sandbox = drift.sandbox_snapshot(box.home, box.dir / "etc")
         finally:
             raw: dict[str, Any] = ctl.receive()
@@ -806,26 +801,8 @@ def _findings(
     ``removal``: asked right behind the drift snapshot, and waited for before a changed
     gateway is restored (a restore's check would reset the counters the removal reads)."""
     assert box.space is not None
-    space = box.space
-    disk: dict[str, Any] = {}
-
-    def read_disk() -> None:  # while the gateway answers the snapshot
-        log = privilege.PRIVILEGE_LOG
-        changes = space.changes(mountpoints | {log})  # once: it hashes every file it lists
-        work_after = space.work_after()
-        # Read now, while the session's disk exists; the claims are checked once events are in.
-        disk[FILE_FACTS] = evidence.file_facts(
-            work_after, space.work_before, box.workdir, stray_files(changes)
-        )
-        disk["writes"] = space.collect(keep, changes, work_after).as_json()
-        disk["privilege"] = privilege.attempts(box.dir / "run" / log.removeprefix("/run/"))
-        disk["work_changes"] = [
-            {"path": c.path, "change": c.change, "size": c.entry.size, "sha256": c.entry.sha256}
-            for c in compare(space.work_before, work_after or {})
-            if c.entry.kind == "file" and work_after is not None
-        ]
-
-    after, raw = _snapshot(stack, box, removal, meanwhile=read_disk)
+    out: dict[str, Any] = {}
+    after, raw = _snapshot(stack, box, removal)
     result = drift.Drift(items=drift.diff(before, after))
     if raw.get("digest") != raw.get("expected") or not raw.get("forwarding", True):
         # Changed from outside the gateway's own bookkeeping: restore and flag it.
@@ -843,4 +820,19 @@ def _findings(
     else:
         # Other sessions' guests come and go on a shared gateway: not this agent's drift.
         result.items = [i for i in result.items if i.what != "gateway ruleset"]
-    return {"drift": result.as_json(), **disk}
+    out["drift"] = result.as_json()
+    log = privilege.PRIVILEGE_LOG
+    changes = box.space.changes(mountpoints | {log})  # once: it hashes every file it lists
+    work_after = box.space.work_after()
+    # Read now, while the session's disk exists; the claims are checked once events are in.
+    out[FILE_FACTS] = evidence.file_facts(
+        work_after, box.space.work_before, box.workdir, stray_files(changes)
+    )
+    out["writes"] = box.space.collect(keep, changes, work_after).as_json()
+    out["privilege"] = privilege.attempts(box.dir / "run" / log.removeprefix("/run/"))
+    out["work_changes"] = [
+        {"path": c.path, "change": c.change, "size": c.entry.size, "sha256": c.entry.sha256}
+        for c in compare(box.space.work_before, work_after or {})
+        if c.entry.kind == "file" and work_after is not None
+    ]
+    return out
