@@ -737,16 +737,14 @@ def _snapshot(
             ctl.send("snapshot")
         if removal is not None:
             removal.send_on(ctl)
-        # The sandbox's files are read while the gateway answers (issue 13: ~1 ms each way);
-        # a failure to read them still reads the answer, which the removal's reply follows.
-        try:
-            sandbox = drift.sandbox_snapshot(box.home, box.dir / "etc")
-        finally:
-            raw: dict[str, Any] = ctl.receive()
+        raw: dict[str, Any] = ctl.receive()
     finally:
         if removal is None or not removal.owns(ctl):
             ctl.close()
-    return {**drift.gateway_snapshot(raw), **sandbox}, raw
+    # Read after the answer: read while the gateway answered, on two busy cores, it made
+    # teardown no faster (18.8/21.7 against 15.6/21.7 ms median, load 4; issue 13).
+    snap = {**drift.gateway_snapshot(raw), **drift.sandbox_snapshot(box.home, box.dir / "etc")}
+    return snap, raw
 
 
 class _Removal:
