@@ -33,6 +33,7 @@ from sandgate.sandbox import bwrap
 from sandgate.sandbox.launch import Sandbox
 from sandgate.session import runner
 from sandgate.session.runner import RunOptions, run_in
+from sandgate.session.timings import Timings, cpu_now
 
 UID = 61000
 
@@ -136,17 +137,26 @@ DOWN_PHASES = [
 def sandgate_session(bs: BenchStack, work: Path) -> dict[str, float]:
     out = work / "date.out"
     timeline = Timeline()
+    timings = Timings()
     opts = RunOptions(
-        command=["date", "+%s.%N"], mode="open", world="test", store=bs.store, timeout=30
+        command=["date", "+%s.%N"],
+        mode="open",
+        world="test",
+        store=bs.store,
+        timeout=30,
+        timings=timings,
     )
     with instrumented(timeline), stdout_to(out):
+        cpu0 = cpu_now()
         t0 = time.time()
         run_in(bs.stack, opts)
         t_end = time.time()
+        cpu = cpu_now() - cpu0
     t_exec = float(out.read_text().split()[0])
     runs = [s for s in timeline.spans if s[0] == "command (Sandbox.run)"]
     run_start, run_end = runs[0][1], runs[0][2]
     phases: dict[str, float] = {"up-to-exec": t_exec - t0, "teardown": t_end - run_end}
+    phases["cpu: runner (and its waited children)"] = cpu
     for name in UP_PHASES:
         phases[f"up: {name}"] = timeline.total(name, t0, run_start)
     # The key kept from when Sandbox.run spawned the chain; since the sandbox is set up ahead
@@ -161,7 +171,34 @@ def sandgate_session(bs: BenchStack, work: Path) -> dict[str, float]:
     phases["down: other"] = phases["teardown"] - sum(
         v for k, v in phases.items() if k.startswith("down: ")
     )
+    phases.update(_runner_down(timings))
     return phases
+
+
+def _runner_down(timings: Timings) -> dict[str, float]:
+    """The runner's own phases after the command (``run --timings``), wall and CPU, and the
+    gateway's steps of remove_guest: what the outside spans above cannot see (the findings,
+    the cgroup, the claim check), under keys of their own (not summed into ``down: other``)."""
+    names = [p.name for p in timings.phases]
+    if "sandbox exec" not in names:
+        return {}
+    out: dict[str, float] = {}
+    for p in timings.phases[names.index("sandbox exec") + 1 :]:
+        out[f"runner down: {p.name}"] = p.wall_ms / 1e3
+        out[f"runner down cpu: {p.name}"] = p.cpu_ms / 1e3
+        for step, ms in p.steps.items():
+            out[f"gateway remove_guest: {step}"] = ms / 1e3
+    return out
+
+
+def task_cpu(pid: int) -> float:
+    """CPU seconds of every thread of ``pid`` so far (schedstat: ns, where /proc/PID/stat's
+    ticks are 10 ms, as long as a whole removal)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def peer_session(bs: BenchStack, spec_files: dict[str, Path], work: Path) -> dict[str, float]:
@@ -258,10 +295,15 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
         sandgate_session(bs, work)
         peer_session(bs, files, work)
     ours, peers, unshare = [], [], []
+    gateway = bs.stack.gateway.pid
     for _ in range(n):
+        # The gateway's CPU over the whole round: the peers do not use it, and the guest's
+        # undoing (after remove_guest's reply) lands here too.
+        gw0 = task_cpu(gateway)
         ours.append(sandgate_session(bs, work))
         peers.append(peer_session(bs, files, work))
         unshare.append(unshare_session())
+        ours[-1]["cpu: gateway (the round)"] = task_cpu(gateway) - gw0
     return {
         "n": n,
         "sandgate": summarize(ours),

@@ -112,6 +112,32 @@ def test_reach_by_policy_that_cannot_be_built_is_unknown(tmp_path: Path) -> None
     assert ev.reach_by_policy(str(WORLD_POLICY), "no-such-profile", "open") is None
 
 
+def test_a_reach_built_when_asked_answers_as_the_one_built_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    built: list[str | None] = []
+    eager = ev.reach_by_policy
+
+    def counting(policy: str | None, *args: object, **kwargs: object) -> ev.Reach | None:
+        built.append(policy)
+        return eager(policy, *args, **kwargs)  # type: ignore[arg-type]
+
+    questions = (("example.com", ["203.0.113.10"]), ("models.lan", []), ("x.y", []))
+    expected = [_reach("open")(host, addresses) for host, addresses in questions]
+    now = ev.findings(OPEN_T13, MODEL, _files(760), ("10.77.0.10",), _reach("open"))
+    monkeypatch.setattr(ev, "reach_by_policy", counting)
+    lazy = ev.reach_when_asked(str(WORLD_POLICY), None, "open", public_override=PUBLIC)
+    # An answer that claims no transfer asks no reach: the policy is not even read.
+    ev.findings("The time is 1764651.5.", MODEL, None, ("10.77.0.10",), lazy)
+    assert built == []
+    later = ev.findings(OPEN_T13, MODEL, _files(760), ("10.77.0.10",), lazy)
+    assert later == now and "could reach it (allow.open)" in str(later)
+    assert [lazy(host, addresses) for host, addresses in questions] == expected
+    assert built == [str(WORLD_POLICY)]  # built once, at the first question
+    missing = ev.reach_when_asked(str(tmp_path / "missing.toml"), None, "open")
+    assert missing("example.com", []) is None  # unknown, as no reachable at all
+
+
 # -- hedges keep the verdict they would have had -------------------------------------------
 
 

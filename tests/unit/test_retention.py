@@ -179,7 +179,8 @@ def test_a_stale_index_never_removes_a_running_or_too_new_session(tmp_path: Path
     running session, not the one that just settled, not the old ones either."""
     now = time.time()
     root = tmp_path / "sessions"
-    for name, age in [("a-old", 10 * DAY), ("b-old", 5 * DAY), ("c-run", 3 * DAY), ("d-new", 60)]:
+    ages = [("a-old", 10 * DAY), ("b-old", 5 * DAY), ("c-run", 3 * DAY), ("d-new", SETTLE / 2)]
+    for name, age in ages:
         (root / name).mkdir(parents=True)
         (root / name / "output.log").write_bytes(b"x" * 1000)
         os.utime(root / name, (now - age, now - age))
@@ -206,7 +207,8 @@ def test_a_running_or_unsettled_session_is_always_measured(tmp_path: Path) -> No
     or the record is forged) are not believed: their files count, and the old go."""
     now = time.time()
     root = tmp_path / "sessions"
-    for name, age, size in [("a-old", 10 * DAY, 1000), ("c-run", 3 * DAY, MB), ("d-new", 60, MB)]:
+    ages = [("a-old", 10 * DAY, 1000), ("c-run", 3 * DAY, MB), ("d-new", SETTLE / 2, MB)]
+    for name, age, size in ages:
         (root / name).mkdir(parents=True)
         (root / name / "output.log").write_bytes(b"x" * size)
         os.utime(root / name, (now - age, now - age))

@@ -12,6 +12,7 @@ worth knowing). Pure apart from reading files: the runner does the I/O around it
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -71,31 +72,53 @@ class Drift:
         return asdict(self)
 
 
-def read_text(path: Path) -> str | None:
+def read_text(path: Path | str) -> str | None:
+    """The file's first MAX_TEXT bytes as text; None when it is absent, a note when it cannot
+    be read (a directory in its place, say). os calls, not pathlib's: a snapshot reads ~40
+    paths twice a session, and pathlib's objects were two thirds of its ~1.1 ms (issue 13)."""
     try:
-        data = path.read_bytes()[:MAX_TEXT]
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         return f"<unreadable: {exc.strerror}>"
-    return data.decode("utf-8", "replace")
+    try:
+        chunks: list[bytes] = []
+        left = MAX_TEXT
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:  # EISDIR comes at the read
+        return f"<unreadable: {exc.strerror}>"
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _files_in(folder: str) -> list[str]:
+    """The names of the files (symlinks to files too, hidden ones too) in ``folder``, sorted,
+    as ``sorted(Path(folder).glob("*"))`` with ``is_file()`` lists them."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(e.name for e in entries if e.is_file())
+    except OSError:
+        return []
 
 
 def sandbox_snapshot(home: Path, etc: Path, system_root: Path = Path("/")) -> dict[str, str | None]:
     """The sandbox's view: its resolver and hosts files, its home's and the system's configs."""
     snap: dict[str, str | None] = {
-        "/etc/resolv.conf": read_text(etc / "resolv.conf"),
-        "/etc/hosts": read_text(etc / "hosts"),
+        "/etc/resolv.conf": read_text(f"{etc}/resolv.conf"),
+        "/etc/hosts": read_text(f"{etc}/hosts"),
     }
     for rel in HOME_FILES:
-        snap[f"/home/agent/{rel}"] = read_text(home / rel)
+        snap[f"/home/agent/{rel}"] = read_text(f"{home}/{rel}")
+    root = str(system_root).rstrip("/")
     for path in SYSTEM_FILES:
-        snap[path] = read_text(system_root / path.lstrip("/"))
+        snap[path] = read_text(root + path)
     for folder in SYSTEM_DIRS:
-        directory = system_root / folder.lstrip("/")
-        for item in sorted(directory.glob("*")) if directory.is_dir() else []:
-            if item.is_file():
-                snap[f"{folder}/{item.name}"] = read_text(item)
+        for name in _files_in(root + folder):
+            snap[f"{folder}/{name}"] = read_text(f"{root}{folder}/{name}")
     return snap
 
 

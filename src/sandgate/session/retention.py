@@ -166,9 +166,12 @@ def scan(
                 continue  # removed meanwhile
     # Listed after the folders: a session owns its mount record before its folder exists,
     # so a folder seen above whose record is missing here has ended (cleanup.owned's answer).
-    running = protect | _owned_mounts() | {p.name for p in our_mounts(SESSIONS_ROOT)}
-    for m in our_mounts(root):  # a session disk mounted under its kept folder: in use
-        running.add(m.relative_to(root).parts[0])
+    mounts = our_mounts(Path("/"))  # the mount table read once for both questions
+    running = protect | _owned_mounts()
+    running |= {m.name for m in mounts if SESSIONS_ROOT in m.parents}
+    for m in mounts:  # a session disk mounted under its kept folder: in use
+        if root in m.parents:
+            running.add(m.relative_to(root).parts[0])
     found: list[Kept] = []
     seen: set[str] = set()
     for name, st in sorted(entries, key=lambda e: e[0]):
@@ -192,7 +195,13 @@ def scan(
     return found, sizes
 
 
-SETTLE = 300.0  # seconds a folder is left unchanged before its size is recorded
+# Seconds a finished folder is left unchanged before its size is recorded. Timestamps are
+# coarse (a jiffy, ≤ 10 ms): a change within the same tick as the last one before a recording
+# would keep the key; seconds later it cannot. It was 300 s, and every session of a suite or
+# bench then walked every folder of the last five minutes: 4-6 ms of CPU a run at 50 of them,
+# on a thread that, outliving a short command, held the GIL from the teardown (issue 13).
+SETTLE = 5.0
+TMP_STALE = 300.0  # seconds after which a temporary index file is a save that was cut short
 INDEX = ".sizes.json"  # in the sessions folder: a cache, rebuilt from the folders when wrong
 _INDEX_VERSION = 1
 
@@ -255,7 +264,7 @@ class SizeIndex:
 
 def _stale(entry: os.DirEntry[str], now: float) -> bool:
     try:
-        return now - entry.stat(follow_symlinks=False).st_mtime > SETTLE
+        return now - entry.stat(follow_symlinks=False).st_mtime > TMP_STALE
     except OSError:
         return False
 
