@@ -276,4 +276,4 @@ def test_the_unpacked_kernel_boots_as_the_bzimage_does(tmp_path: Path) -> None:
     own = guest.kernel.read_bytes()[0x206:0x208].hex(" ")
     assert (packed[1].strip(), pvh[1].strip()) == (own, PVH_PROTOCOL) and own != PVH_PROTOCOL
     assert packed[2] == pvh[2] and " ".join(qemu.TCG_CMDLINE) in pvh[2]
-    assert packed[3] == pvh[3] == "tsc"
+    assert packed[3].startswith("tsc") and pvh[3].startswith("tsc"), (packed, pvh)

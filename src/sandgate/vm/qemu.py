@@ -90,10 +90,9 @@ def image_cmdline(root: str) -> str:
 # Under TCG only (every emulated instruction counts; a KVM guest keeps the stock boot), each
 # measured on Debian's 6.1 kernel, 2026-12-02 (docs/NOTES.md): PCI interrupts from the BIOS's
 # $PIR table, not ACPI's interrupt links (evaluating their AML as virtio_pci probes each device
-# took ~1.6 s), no crypto self-tests at boot (~1 s), and the TSC trusted without a watchdog (it
-# is the host's own counter under TCG). Not acpi=off: without ACPI's HPET the guest cannot
-# calibrate its TSC and keeps time in 4 ms jiffies.
-TCG_CMDLINE = ("pci=noacpi", "cryptomgr.notests", "tsc=reliable")
+# took ~1.6 s), and no crypto self-tests at boot (~1 s). Not acpi=off: without ACPI's HPET the
+# guest cannot calibrate its TSC and keeps time in 4 ms jiffies.
+TCG_CMDLINE = ("pci=noacpi", "cryptomgr.notests")
 
 
 def kernel_cmdline(nic: Nic | Channel | None, accel: Accel | None = None) -> str:
