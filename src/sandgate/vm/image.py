@@ -61,7 +61,8 @@ class GuestImage:
 
     def boot_kernel(self, a: Accel) -> Path:
         """The file QEMU's -kernel gets: the unpacked one under TCG (its emulated decompressor
-        is most of a boot there), the bzImage under KVM (it decompresses in ~0.1 s)."""
+        was half of a boot there), the bzImage under KVM (the decompressor runs at native speed,
+        and this host cannot try a PVH boot under KVM)."""
         if a.name == "tcg" and self.pvh is not None and self.pvh.is_file():
             return self.pvh
         return self.kernel
