@@ -27,7 +27,7 @@ from sandgate.net import ns
 from sandgate.pids import alive
 from sandgate.prove.runner import ProveOptions, prove_on
 from sandgate.session.stack import Stack
-from sandgate.vm import qemu
+from sandgate.vm import accel, image, qemu
 from sandgate.vm.launch import VmOptions
 from tests.kernel.conftest import Runner
 
@@ -235,3 +235,45 @@ def test_cleanup_kills_the_qemu_of_a_killed_runner(stack: Stack) -> None:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(10)
+
+
+# The guest's job for the boot comparison: its kernel, the boot protocol version its loader
+# wrote (boot_params 0x206: the bzImage's own header, or 2.12 from the kernel's PVH entry), its
+# command line and its clock.
+PROBE_JOB = (
+    "cat /proc/sys/kernel/osrelease; od -An -tx1 -j518 -N2 /sys/kernel/boot_params/data; "
+    "cat /proc/cmdline; cat /sys/devices/system/clocksource/clocksource0/current_clocksource"
+)
+PVH_PROTOCOL = "0c 02"  # 2.12, little-endian
+
+
+def _boot_directly(tmp: Path, kernel: Path, initrd: Path, a: accel.Accel) -> list[str]:
+    """One boot of the built-in guest without a gateway or NIC: the job's output lines."""
+    share = tmp / "share"
+    for area in ("vm", "home", "tmp", "run", "vartmp", "shm"):
+        (share / area).mkdir(parents=True, exist_ok=True)
+    (tmp / "work").mkdir(exist_ok=True)
+    job = qemu.Job(("/bin/sh", "-c", PROBE_JOB), {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    (share / "vm" / "job.sh").write_text(qemu.job_script(job))
+    spec = qemu.VmSpec(f"test-boot-{tmp.name}", kernel, initrd, share, tmp / "work", a, None)
+    proc = subprocess.run(qemu.argv(spec, tmp / "console.log"), stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=240, check=False)  # fmt: skip
+    console = (tmp / "console.log").read_text(errors="replace")
+    assert (share / "vm" / "exit").read_text().strip() == "0", console[-2000:]
+    return proc.stdout.decode(errors="replace").replace("\r", "").split("\n")
+
+
+def test_the_unpacked_kernel_boots_as_the_bzimage_does(tmp_path: Path) -> None:
+    # Under TCG the guest boots the ELF unpacked from its bzImage (PVH, no decompressor): the
+    # same kernel and job result as the bzImage, another loader, the TCG command line, and a
+    # TSC clock (acpi=off would leave it on jiffies).
+    guest = image.ensure()
+    tcg = accel.Accel("tcg", "test")
+    assert guest.pvh is not None and guest.boot_kernel(tcg) == guest.pvh
+    packed = _boot_directly(tmp_path / "bz", guest.kernel, guest.initrd, tcg)
+    pvh = _boot_directly(tmp_path / "pvh", guest.boot_kernel(tcg), guest.initrd, tcg)
+    assert packed[0] == pvh[0] == guest.release, (packed, pvh)
+    own = guest.kernel.read_bytes()[0x206:0x208].hex(" ")
+    assert (packed[1].strip(), pvh[1].strip()) == (own, PVH_PROTOCOL) and own != PVH_PROTOCOL
+    assert packed[2] == pvh[2] and " ".join(qemu.TCG_CMDLINE) in pvh[2]
+    assert packed[3].startswith("tsc") and pvh[3].startswith("tsc"), (packed, pvh)

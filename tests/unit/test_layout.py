@@ -61,7 +61,7 @@ EXPORTS = {
         "Claim", "ClaimKind", "Evidence", "FileFact", "Finding", "Verdict", "check_claims",
         "extract_claims", "flagged",
     ],
-    "sandgate.vm": ["accel", "disk", "image", "launch", "qemu"],
+    "sandgate.vm": ["accel", "bzimage", "disk", "image", "launch", "qemu"],
     "sandgate.world": ["fixtures", "homelab", "info", "llm", "loadgen", "servers", "topology"],
     "sandgate.world.servers": [],  # each server is run as its own process (python -m ...)
 }  # fmt: skip

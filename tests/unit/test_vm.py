@@ -3,9 +3,13 @@ line, the job init sources, the VM probe catalogue, and who a spoofed frame is c
 
 from __future__ import annotations
 
+import gzip
 import ipaddress
+import lzma
 import shlex
+import struct
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ from sandgate.gateway.logs.logreader import gateway_event
 from sandgate.net.compile import Site
 from sandgate.net.nflog import NflogPacket
 from sandgate.policy.decide import Reason, deny
-from sandgate.vm import accel, image, qemu
+from sandgate.vm import accel, bzimage, image, qemu
 
 # -- the accelerator -----------------------------------------------------------------------------
 
@@ -118,6 +122,96 @@ def test_installed_finds_only_this_init(tmp_path: Path) -> None:
     (fresh / "initrd.gz").write_bytes(b"i")
     got = image.installed(tmp_path)
     assert got is not None and got.release == "6.1.0-1-amd64" and got.present()
+
+
+def test_build_key_follows_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A machine with an older build (no vmlinux beside vmlinuz) must not find it: a new folder.
+    before = image.build_key()
+    monkeypatch.setattr(image, "BUILD_RECIPE", "1")
+    assert image.build_key() != before
+
+
+def test_installed_offers_the_unpacked_kernel_under_tcg_only(tmp_path: Path) -> None:
+    folder = tmp_path / f"6.1.0-1-amd64-{image.build_key()}"
+    folder.mkdir()
+    for name in ("vmlinuz", "initrd.gz"):
+        (folder / name).write_bytes(b"x")
+    tcg, kvm = accel.Accel("tcg", "t"), accel.Accel("kvm", "t")
+    got = image.installed(tmp_path)
+    assert got is not None and got.pvh is None  # a kernel that cannot boot as PVH
+    assert got.boot_kernel(tcg) == got.boot_kernel(kvm) == folder / "vmlinuz"
+    (folder / "vmlinux").write_bytes(b"x")
+    got = image.installed(tmp_path)
+    assert got is not None and got.pvh == folder / "vmlinux"
+    assert got.boot_kernel(tcg) == folder / "vmlinux"
+    assert got.boot_kernel(kvm) == folder / "vmlinuz"  # KVM keeps the stock boot
+
+
+# -- a bzImage's payload, unpacked for a PVH boot --------------------------------------------------
+
+
+def _elf(note_type: int = bzimage.XEN_ELFNOTE_PHYS32_ENTRY, name: bytes = b"Xen\x00") -> bytes:
+    """An ELF64 header, one PT_NOTE program header, and a note (a GNU one, then the asked one):
+    what ``has_pvh_entry`` reads of a vmlinux."""
+
+    def note(n: bytes, kind: int, desc: bytes) -> bytes:
+        pad = lambda b: b + b"\x00" * (-len(b) % 4)  # noqa: E731
+        return struct.pack("<III", len(n), len(desc), kind) + pad(n) + pad(desc)
+
+    notes = note(b"GNU\x00", 3, b"\x01\x02\x03\x04\x05")
+    notes += note(name, note_type, b"\x50\x08\x00\x01")
+    header = b"\x7fELF\x02\x01\x01" + b"\x00" * 9
+    header += struct.pack("<HHIQQQIHHHHHH", 2, 62, 1, 0x1000000, 64, 0, 0, 64, 56, 1, 64, 0, 0)
+    phdr = struct.pack("<IIQQQQQQ", bzimage.PT_NOTE, 4, 120, 0, 0, len(notes), len(notes), 4)
+    return header + phdr + notes
+
+
+def _bzimage(payload: bytes, version: int = 0x20F, setup_sects: int = 3) -> bytes:
+    setup = bytearray((setup_sects + 1) * 512)
+    setup[0x1F1] = setup_sects
+    setup[0x202:0x206] = bzimage.HDRS_MAGIC
+    struct.pack_into("<H", setup, 0x206, version)
+    struct.pack_into("<II", setup, 0x248, 16, len(payload))
+    return bytes(setup) + b"\x00" * 16 + payload + struct.pack("<I", 123456)  # + size_append
+
+
+@pytest.mark.parametrize(
+    "pack",
+    [
+        lambda b: lzma.compress(b, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32),  # Debian's
+        lambda b: lzma.compress(b, format=lzma.FORMAT_ALONE),
+        gzip.compress,
+    ],
+    ids=["xz", "lzma", "gzip"],
+)
+def test_a_bzimage_payload_unpacks_to_its_elf(pack: Callable[[bytes], bytes]) -> None:
+    elf = _elf()
+    assert bzimage.has_pvh_entry(elf)
+    assert bzimage.pvh_kernel(_bzimage(pack(elf))) == elf
+
+
+def test_what_cannot_boot_as_pvh_keeps_the_bzimage() -> None:
+    xz = lambda b: lzma.compress(b, format=lzma.FORMAT_XZ)  # noqa: E731
+    assert bzimage.pvh_kernel(_bzimage(xz(_elf(note_type=17)))) is None  # no PHYS32_ENTRY
+    assert bzimage.pvh_kernel(_bzimage(xz(_elf(name=b"GNU\x00")))) is None  # not Xen's note
+    assert bzimage.pvh_kernel(_bzimage(xz(b"not an ELF" * 10))) is None
+    assert bzimage.pvh_kernel(_bzimage(b"\x28\xb5\x2f\xfd" + b"zstd" * 10)) is None  # no reader
+    assert bzimage.pvh_kernel(_bzimage(b"\xfd7zXZ\x00 truncated")) is None
+    assert bzimage.pvh_kernel(_bzimage(xz(_elf()), version=0x207)) is None  # no payload fields
+    good = _bzimage(xz(_elf()))
+    assert bzimage.pvh_kernel(good[:-200]) is None  # payload runs past the file
+    assert bzimage.pvh_kernel(good[:0x202] + b"XXXX" + good[0x206:]) is None  # not a bzImage
+    assert not bzimage.has_pvh_entry(_elf()[:100])  # program headers cut off
+
+
+def test_the_tcg_command_line_is_only_for_tcg() -> None:
+    tcg = qemu.kernel_cmdline(None, accel.Accel("tcg", "t")).split()
+    kvm = qemu.kernel_cmdline(None, accel.Accel("kvm", "t")).split()
+    assert set(qemu.TCG_CMDLINE) <= set(tcg) and not set(qemu.TCG_CMDLINE) & set(kvm)
+    assert "acpi=off" not in tcg  # the guest's TSC needs ACPI's HPET to calibrate against
+    assert qemu.kernel_cmdline(None).split() == kvm
+    nic = qemu.Nic("tap0", "02:53:47:00:00:03", "10.201.0.14/30", "10.201.0.13")
+    assert " ".join(qemu.TCG_CMDLINE) in " ".join(qemu.argv(_spec(nic), Path("/log")))
 
 
 # -- QEMU's command line and the job ---------------------------------------------------------------

@@ -161,14 +161,15 @@ def _in_qemu(vm: GuestVm, work: Path, driver: Path) -> None:
     )
     (share / "vm" / "job.sh").write_text(qemu.job_script(job))
     guest = image.ensure()
+    a = accel.detect()
     mac = vm.link.mac or guest_mac(vm.link.index)
     spec = qemu.VmSpec(
         f"homelab-{vm.netns}",
-        guest.kernel,
+        guest.boot_kernel(a),
         guest.initrd,
         share,
         work,
-        accel.detect(),
+        a,
         qemu.Nic(TAP, mac, f"{vm.link.guest}/30", str(vm.link.gateway)),
     )
     console = work / "console.log"

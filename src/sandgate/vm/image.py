@@ -2,6 +2,8 @@
 
     /opt/sandgate/vm/<kernel release>/vmlinuz      from ``apt-get download linux-image-…`` +
                                                    ``dpkg -x`` (no install, no boot hooks)
+    /opt/sandgate/vm/<kernel release>/vmlinux      the same kernel unpacked, booted as PVH
+                                                   under TCG (bzimage.py says why)
     /opt/sandgate/vm/<kernel release>/initrd.gz    busybox-static, the kernel's virtio and 9p
                                                    modules, and init.sh as /init
 
@@ -27,6 +29,8 @@ from importlib import resources
 from pathlib import Path
 
 from sandgate.errors import SetupError
+from sandgate.vm import bzimage
+from sandgate.vm.accel import Accel
 
 VM_ROOT = Path(os.environ.get("SANDGATE_VM_DIR", "/opt/sandgate/vm"))
 BUSYBOX = Path("/bin/busybox")
@@ -41,6 +45,8 @@ MODULES = (
     "9p",
 )
 INIT_RESOURCE = "init.sh"
+# How the folder is made, beyond init and modules: a change here rebuilds every machine's guest.
+BUILD_RECIPE = "2: vmlinux (PVH) beside vmlinuz"
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,18 @@ class GuestImage:
     kernel: Path
     initrd: Path
     release: str
+    pvh: Path | None = None  # the unpacked kernel, if it can boot as PVH
 
     def present(self) -> bool:
         return self.kernel.is_file() and self.initrd.is_file()
+
+    def boot_kernel(self, a: Accel) -> Path:
+        """The file QEMU's -kernel gets: the unpacked one under TCG (its emulated decompressor
+        was half of a boot there), the bzImage under KVM (the decompressor runs at native speed,
+        and this host cannot try a PVH boot under KVM)."""
+        if a.name == "tcg" and self.pvh is not None and self.pvh.is_file():
+            return self.pvh
+        return self.kernel
 
 
 def read_depends(ko: bytes) -> list[str]:
@@ -120,8 +135,9 @@ def init_script() -> str:
 
 
 def build_key() -> str:
-    """What the initramfs is made of besides the kernel: a new init or module list rebuilds it."""
-    text = init_script() + "\n".join(MODULES)
+    """What the guest is made of besides the kernel: a new init, module list or recipe rebuilds
+    it (the folder's name ends with this key, so an old machine's folder is not found)."""
+    text = init_script() + "\n".join(MODULES) + BUILD_RECIPE
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
@@ -133,7 +149,13 @@ def installed(root: Path = VM_ROOT) -> GuestImage | None:
     if not found:
         return None
     folder = found[-1].parent
-    return GuestImage(folder / "vmlinuz", folder / "initrd.gz", folder.name.rsplit("-", 1)[0])
+    pvh = folder / "vmlinux"
+    return GuestImage(
+        folder / "vmlinuz",
+        folder / "initrd.gz",
+        folder.name.rsplit("-", 1)[0],
+        pvh if pvh.is_file() else None,
+    )
 
 
 def current_package() -> str:
@@ -170,10 +192,11 @@ def ensure(root: Path = VM_ROOT, force: bool = False, say: bool = True) -> Guest
     with tempfile.TemporaryDirectory(prefix="sandgate-vm-") as tmp:
         work = Path(tmp)
         out = root / f"{release}-{build_key()}"
-        _build(work, package, out, MODULES, init_script())
+        _build(work, package, out, MODULES, init_script(), pvh=True)
     if say:
         sys.stderr.write(f"sandgate: VM guest ready in {out}\n")
-    return GuestImage(out / "vmlinuz", out / "initrd.gz", release)
+    pvh = out / "vmlinux"
+    return GuestImage(out / "vmlinuz", out / "initrd.gz", release, pvh if pvh.is_file() else None)
 
 
 # A kernel + initrd that boots a root disk (``root=/dev/vda``): the "user's own" kernel and
@@ -214,8 +237,11 @@ def ensure_disk_boot(root: Path = VM_ROOT) -> GuestImage:
     return GuestImage(out / "vmlinuz", out / "initrd.gz", release)
 
 
-def _build(work: Path, package: str, out: Path, wanted: tuple[str, ...], init: str) -> None:
-    """Download the kernel package, unpack it, and write ``out``/{vmlinuz,initrd.gz}."""
+def _build(
+    work: Path, package: str, out: Path, wanted: tuple[str, ...], init: str, pvh: bool = False
+) -> None:
+    """Download the kernel package, unpack it, and write ``out``/{vmlinuz,initrd.gz} (and, with
+    ``pvh``, vmlinux where the kernel can boot that way)."""
     _run(["apt-get", "download", "-q", package], "apt-get download", cwd=work)
     debs = list(work.glob("linux-image-*.deb"))
     if not debs:
@@ -236,6 +262,9 @@ def _build(work: Path, package: str, out: Path, wanted: tuple[str, ...], init: s
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     shutil.copyfile(kernels[-1], staging / "vmlinuz")
+    elf = bzimage.pvh_kernel(kernels[-1].read_bytes()) if pvh else None
+    if elf is not None:
+        (staging / "vmlinux").write_bytes(elf)
     _cpio(initrd, staging / "initrd.gz")
     for f in staging.iterdir():
         os.chmod(f, 0o644)

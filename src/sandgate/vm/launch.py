@@ -212,7 +212,7 @@ def run(
         )
     vm = qemu.VmSpec(
         box.session,
-        guest_image.kernel,
+        guest_image.boot_kernel(a),
         guest_image.initrd,
         box.dir,
         spec.workdir.resolve(),
