@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from sandgate.errors import SandgateError
 from sandgate.events.store import Store
 from sandgate.gateway import control, pool
+from sandgate.gateway.collector import Passes
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import Resolver
 from sandgate.gateway.guests import Guest, GuestTable
@@ -103,6 +104,7 @@ class Gateway:
             self._nl,
         )
         self.stop = asyncio.Event()
+        self.collector = Passes()  # the collector's passes, for `metrics`
         self.ops: Mapping[str, Op] = {
             "ping": self._ping,
             "add_guest": self.guests_.add,
@@ -207,6 +209,7 @@ class Gateway:
         # each, what the resolver's tail felt: issue 13).
         gc.collect()
         gc.freeze()
+        self.collector.install()
         ready = {"pid": os.getpid(), "control": str(self.cfg.control_path)}
         sys.stdout.write("READY " + json.dumps(ready) + "\n")
         sys.stdout.flush()
@@ -350,6 +353,7 @@ class Gateway:
                 "watch": sum(q.qsize() for q in self.sink.watchers),
             },
             "watchers": len(self.sink.watchers),
+            "gc": self.collector.report(),
         }
 
     async def _check(self, msg: dict[str, Any]) -> dict[str, Any]:
