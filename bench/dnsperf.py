@@ -88,6 +88,7 @@ class DnsRun:
     gc_passes: list[int] | None = None
     gc_longest_ms: list[float] | None = None
     gc_ms: list[float] | None = None
+    gc_census: dict[str, Any] | None = None  # what the collector tracked after the run, by type
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -207,7 +208,9 @@ def sandgate_run(bs: BenchStack, load: Load, work: Path) -> DnsRun:
     start, end, gen_cpu = parse_window(Path(f"{out}.win"))
     _cpu(run, sampler, start, end, gen_cpu)
     with bs.stack.gateway.client() as ctl:
-        _collector(run, ctl.call("metrics").get("gc") or {}, start, end)
+        report = ctl.call("metrics", census=True).get("gc") or {}
+    _collector(run, report, start, end)
+    run.gc_census = report.get("census")
     store = Store(bs.store)
     try:
         run.logged = sum(e.count for e in store.events(session=result.session, kinds=[Kind.DNS]))

@@ -11,15 +11,19 @@ round, interleaved:
 - ``uncached, no store``: the same with the store's write skipped: what the row costs;
 - ``cached 20k``: one name offered at 20,000/s, with the loop's stalls: each 1 ms tick's wall
   gap beside this thread's own CPU in it (a gap without CPU is a wait for a core);
-- ``uncached, full cache``: ``uncached`` with 40,000 answers already cached, as a gateway's
-  cache is after a while: the garbage collector's full passes walk every entry;
+- ``uncached, full cache``: ``uncached`` with 40,000 answers already cached (made after the
+  freeze, as a gateway's cache is after a while: until 2026-12-02 they were frozen with the
+  rest and no pass walked them);
 - ``uncached, split``: ``uncached`` with the loop thread's CPU split (``split_us_per_query``):
   a question (its upstream send apart), an answer (its send to the guest apart), the rest of
   the loop, and the other threads (the store's writer);
 - ``floor``: a forwarder that only swaps ids, on the same loop, sockets and load: what the I/O
   alone costs one process (no parse, no policy, no event).
 
-Every round gives the collector's CPU per question by generation (``gc_us_per_query``), and
+Every round gives the collector's CPU per question by generation (``gc_us_per_query``), its
+passes in the window and the longest by generation (``gc_passes``, ``gc_max_ms``), what it
+tracks after the load and one full pass over that timed (``gc_tracked_after``,
+``gc_full_pass_after_ms``: the stall a full pass costs whenever its thresholds call one), and
 what the upstream dnsmasq and dnsperf spent per question (``upstream_us_per_query``,
 ``generator_us_per_query``): the bench's own share of the machine at that rate.
 
@@ -55,7 +59,7 @@ from bench.stack import dnsmasq_argv
 from sandgate.events.schema import Event, FlowKey
 from sandgate.events.store import Store
 from sandgate.gateway.dns import dnslogic
-from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _entry
+from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _answer
 from sandgate.gateway.sink import EventSink
 from sandgate.net.compile import GuestLink
 from sandgate.policy.dnsnames import judge_question
@@ -154,8 +158,6 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     sink.bind(loop)
     guest = GuestDNS(LINK, "bench", PROFILE, "p")
     await resolver.start_guest(guest)
-    if load.endswith("full cache"):
-        _fill(resolver, guest, FULL_CACHE)
     split = _split(resolver, guest) if load.endswith("split") else None
 
     async def ticker() -> None:  # the gateway's (server.py _ticker)
@@ -188,6 +190,8 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
 
     gc.collect()
     gc.freeze()  # as the gateway does before READY (server.py)
+    if load.endswith("full cache"):  # made after the freeze, as a running gateway's cache is
+        _fill(resolver, guest, FULL_CACHE)
     # Counted from here: the collect above is the bench's own (it was counted as the round's
     # "full pass" of 38-103 ms until 2026-12-02, when no pass of the load itself was full).
     gc.callbacks.append(on_gc)
@@ -216,6 +220,12 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     attributor.tick(time.monotonic() + 10)  # as the gateway's flush op: the repeats counted too
     sink.flush()
     Resolver.close_listeners(guest)
+    # What one full pass walks after the load (the cache, and whatever else the round left):
+    # the stall it costs whenever the collector's thresholds call one.
+    tracked = sum(len(gc.get_objects(g)) for g in range(3))
+    full = time.perf_counter()
+    gc.collect()
+    full_pass_after_ms = (time.perf_counter() - full) * 1e3
     gc.unfreeze()
     found = re.search(r"Queries per second:\s+([0-9.]+)", text)
     lost = re.search(r"Queries lost:\s+([0-9]+)", text)
@@ -249,6 +259,8 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
         "split_us_per_query": split_us,
         "gc_passes": [len(p) for p in passes],
         "gc_max_ms": [max(p, default=0.0) * 1e3 for p in passes],
+        "gc_full_pass_after_ms": full_pass_after_ms,
+        "gc_tracked_after": tracked,
         "gc_full_passes": len(passes[2]),
         "gc_full_max_ms": max(passes[2], default=0.0) * 1e3,
         "worst_stall_ms": worst[0] * 1e3 if cached else None,
@@ -261,13 +273,14 @@ FULL_CACHE = 40_000
 
 
 def _fill(resolver: Resolver, guest: GuestDNS, count: int) -> None:
-    """``count`` answers in the cache, each with its own verdict, as uncached questions left
-    them (an entry and its Decision: the two objects per answer the collector walks)."""
+    """``count`` answers in the cache, each with its own verdict, as uncached questions leave
+    them (on main until 2026-12-02, an entry and its Decision: two objects an answer that the
+    collector walked)."""
     tag = secrets.token_hex(3)
     for i in range(count):
         wire = dns.message.make_query(f"f{i}.{tag}.{ZONE}", "A", id=i & 0xFFFF).to_wire()
         q = dnslogic.parse_question(wire)
-        entry = _entry(
+        answer = _answer(
             wire,
             time.monotonic() + 300,
             q,
@@ -276,10 +289,7 @@ def _fill(resolver: Resolver, guest: GuestDNS, count: int) -> None:
             addresses=("198.51.100.7",),
             ttl=300,
         )
-        key = dnslogic.cache_key(wire)
-        assert key is not None
-        entry.query = wire
-        resolver._cache[(guest.profile_key, key)] = entry
+        resolver.remember(guest, wire, answer)
 
 
 class _Timed:

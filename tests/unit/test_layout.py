@@ -29,7 +29,7 @@ EXPORTS = {
         "heap", "hostlo", "integrity", "lifecycle", "logfeed", "logs", "manage", "pool", "proxy",
         "registry", "reload", "selfcheck", "server", "sink", "watchdog",
     ],
-    "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
+    "sandgate.gateway.dns": ["cache", "dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],
     "sandgate.gateway.proxy": [
         "ca", "chunked", "credentials", "firstflight", "flow", "http1", "httphead", "relay",

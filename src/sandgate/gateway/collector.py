@@ -5,17 +5,18 @@ A pass stops the event loop for as long as it walks (every answer waits behind i
 and 2 and of generation 0 that took a millisecond or more (an uncached question's allocations
 make thousands of short gen-0 passes a second), each with its wall clock start, so a bench can
 take those inside its window (bench/dnsperf.py). Costs two calls of ``on_pass`` per pass,
-nothing between passes.
+nothing between passes. ``census()`` (asked for, never polled: it walks every tracked object)
+says what the next passes will walk, by type.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
-__all__ = ["Passes"]
+__all__ = ["Passes", "census"]
 
 RECENT = 1024
 SHORT = 0.001  # a gen-0 pass under this is counted, not kept in ``recent``
@@ -60,3 +61,15 @@ class Passes:
             "counts": list(gc.get_count()),
             "thresholds": list(gc.get_threshold()),
         }
+
+
+def census(top: int = 25) -> dict[str, Any]:
+    """What the collector tracks outside the frozen heap, by generation and by type (the
+    ``top`` commonest): what a full pass walks."""
+    sizes, types = [], Counter[str]()
+    for generation in range(3):
+        objects = gc.get_objects(generation)
+        sizes.append(len(objects))
+        types.update(type(o).__qualname__ for o in objects)
+        del objects
+    return {"tracked": sizes, "top": [[name, n] for name, n in types.most_common(top)]}

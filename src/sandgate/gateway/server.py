@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from sandgate.errors import SandgateError
 from sandgate.events.store import Store
 from sandgate.gateway import control, pool
-from sandgate.gateway.collector import Passes
+from sandgate.gateway.collector import Passes, census
 from sandgate.gateway.config import GatewayConfig
 from sandgate.gateway.dns.resolver import Resolver
 from sandgate.gateway.guests import Guest, GuestTable
@@ -353,7 +353,7 @@ class Gateway:
                 "watch": sum(q.qsize() for q in self.sink.watchers),
             },
             "watchers": len(self.sink.watchers),
-            "gc": self.collector.report(),
+            "gc": self.collector.report() | ({"census": census()} if msg.get("census") else {}),
         }
 
     async def _check(self, msg: dict[str, Any]) -> dict[str, Any]:
