@@ -60,6 +60,7 @@ from sandgate.events.schema import Event, FlowKey
 from sandgate.events.store import Store
 from sandgate.gateway.dns import dnslogic
 from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _answer
+from sandgate.gateway.server import SWITCH_INTERVAL
 from sandgate.gateway.sink import EventSink
 from sandgate.net.compile import GuestLink
 from sandgate.policy.dnsnames import judge_question
@@ -412,6 +413,7 @@ def main() -> None:
     import uvloop
 
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    sys.setswitchinterval(SWITCH_INTERVAL)  # as the gateway does (server.py)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         result = runner.run(_main(rounds))
     print(json.dumps(result, indent=1))
