@@ -82,6 +82,13 @@ class DnsRun:
     system_busy_cores: float = float("nan")
     softirq_cores: float = float("nan")
     rcodes: dict[str, int] = field(default_factory=dict)
+    # The resolver's collector passes inside the window, by generation (sandgate's only: the
+    # gateway's ``metrics`` op, which keeps gen-0 passes only from 1 ms), their count, and the
+    # longest and all of them in ms
+    gc_passes: list[int] | None = None
+    gc_longest_ms: list[float] | None = None
+    gc_ms: list[float] | None = None
+    gc_census: dict[str, Any] | None = None  # what the collector tracked after the run, by type
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -200,6 +207,10 @@ def sandgate_run(bs: BenchStack, load: Load, work: Path) -> DnsRun:
     parse_dnsperf(out.read_text(), run)
     start, end, gen_cpu = parse_window(Path(f"{out}.win"))
     _cpu(run, sampler, start, end, gen_cpu)
+    with bs.stack.gateway.client() as ctl:
+        report = ctl.call("metrics", census=True).get("gc") or {}
+    _collector(run, report, start, end)
+    run.gc_census = report.get("census")
     store = Store(bs.store)
     try:
         run.logged = sum(e.count for e in store.events(session=result.session, kinds=[Kind.DNS]))
@@ -264,6 +275,16 @@ def _cpu(run: DnsRun, sampler: Sampler, start: float, end: float, gen_cpu: float
     run.system_busy_cores = w["system_busy_cores"]
     run.softirq_cores = w["softirq_cores"]
     run.generator_cores = gen_cpu / max(end - start, 1e-9)
+
+
+def _collector(run: DnsRun, report: dict[str, Any], start: float, end: float) -> None:
+    """The gateway's collector passes that began inside [start, end] (gateway/collector.py)."""
+    run.gc_passes, run.gc_longest_ms, run.gc_ms = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+    for generation, began, ms in report.get("recent", []):
+        if start <= began <= end:
+            run.gc_passes[generation] += 1
+            run.gc_ms[generation] += ms
+            run.gc_longest_ms[generation] = max(run.gc_longest_ms[generation], ms)
 
 
 def _waits(pid: int) -> dict[str, Callable[[], tuple[float, float]]]:

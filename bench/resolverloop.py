@@ -11,15 +11,19 @@ round, interleaved:
 - ``uncached, no store``: the same with the store's write skipped: what the row costs;
 - ``cached 20k``: one name offered at 20,000/s, with the loop's stalls: each 1 ms tick's wall
   gap beside this thread's own CPU in it (a gap without CPU is a wait for a core);
-- ``uncached, full cache``: ``uncached`` with 40,000 answers already cached, as a gateway's
-  cache is after a while: the garbage collector's full passes walk every entry;
+- ``uncached, full cache``: ``uncached`` with 40,000 answers already cached (made after the
+  freeze, as a gateway's cache is after a while: until 2026-12-02 they were frozen with the
+  rest and no pass walked them);
 - ``uncached, split``: ``uncached`` with the loop thread's CPU split (``split_us_per_query``):
   a question (its upstream send apart), an answer (its send to the guest apart), the rest of
   the loop, and the other threads (the store's writer);
 - ``floor``: a forwarder that only swaps ids, on the same loop, sockets and load: what the I/O
   alone costs one process (no parse, no policy, no event).
 
-Every round gives the collector's CPU per question by generation (``gc_us_per_query``), and
+Every round gives the collector's CPU per question by generation (``gc_us_per_query``), its
+passes in the window and the longest by generation (``gc_passes``, ``gc_max_ms``), what it
+tracks after the load and one full pass over that timed (``gc_tracked_after``,
+``gc_full_pass_after_ms``: the stall a full pass costs whenever its thresholds call one), and
 what the upstream dnsmasq and dnsperf spent per question (``upstream_us_per_query``,
 ``generator_us_per_query``): the bench's own share of the machine at that rate.
 
@@ -50,11 +54,13 @@ from typing import Any
 
 import dns.message
 
+from bench.common import machine
 from bench.stack import dnsmasq_argv
 from sandgate.events.schema import Event, FlowKey
 from sandgate.events.store import Store
 from sandgate.gateway.dns import dnslogic
-from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _entry
+from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _answer
+from sandgate.gateway.server import SWITCH_INTERVAL
 from sandgate.gateway.sink import EventSink
 from sandgate.net.compile import GuestLink
 from sandgate.policy.dnsnames import judge_question
@@ -109,6 +115,16 @@ def _upstream() -> Iterator[None]:
         proc.wait(5)
 
 
+async def _dnsperf(args: list[str], work: Path) -> str:
+    """dnsperf's output, written to a file: read through a pipe, its line per answer (``-v``)
+    was ~5 MB a cached round read on the resolver's own loop (~4% of its CPU, 2026-12-02)."""
+    out = work / "dnsperf.out"
+    with out.open("wb") as f:
+        proc = await asyncio.create_subprocess_exec(*args, stdout=f)
+        await proc.wait()
+    return out.read_text()
+
+
 def _percentiles(text: str) -> tuple[float, float]:
     lat = sorted(
         float(line.split()[-1])
@@ -143,8 +159,6 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     sink.bind(loop)
     guest = GuestDNS(LINK, "bench", PROFILE, "p")
     await resolver.start_guest(guest)
-    if load.endswith("full cache"):
-        _fill(resolver, guest, FULL_CACHE)
     split = _split(resolver, guest) if load.endswith("split") else None
 
     async def ticker() -> None:  # the gateway's (server.py _ticker)
@@ -163,27 +177,25 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
             stalls.append((now - last, c - cpu))
             last, cpu = now, c
 
-    pauses: list[float] = []
-    started = [0.0]
-
+    passes: list[list[float]] = [[], [], []]  # each pass's wall seconds, by generation
     gc_cpu = [0.0, 0.0, 0.0]
-    gc_started = [0.0]
+    gc_started = [0.0, 0.0]
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         # The pass runs on the thread that allocated past the threshold: its own CPU time.
         if phase == "start":
-            gc_started[0] = time.thread_time()
+            gc_started[:] = time.thread_time(), time.perf_counter()
         else:
             gc_cpu[info["generation"]] += time.thread_time() - gc_started[0]
-        if info["generation"] == 2:
-            if phase == "start":
-                started[0] = time.perf_counter()
-            else:
-                pauses.append(time.perf_counter() - started[0])
+            passes[info["generation"]].append(time.perf_counter() - gc_started[1])
 
-    gc.callbacks.append(on_gc)
     gc.collect()
     gc.freeze()  # as the gateway does before READY (server.py)
+    if load.endswith("full cache"):  # made after the freeze, as a running gateway's cache is
+        _fill(resolver, guest, FULL_CACHE)
+    # Counted from here: the collect above is the bench's own (it was counted as the round's
+    # "full pass" of 38-103 ms until 2026-12-02, when no pass of the load itself was full).
+    gc.callbacks.append(on_gc)
     tasks = [asyncio.ensure_future(ticker())]
     if cached:
         tasks.append(asyncio.ensure_future(ticks()))
@@ -199,8 +211,7 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     before, asked = resource.getrusage(resource.RUSAGE_SELF), resolver.questions
     others = _others()
     loop_before = time.thread_time()
-    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
+    text = await _dnsperf(args, work)
     after, answered = resource.getrusage(resource.RUSAGE_SELF), resolver.questions - asked
     loop_cpu = time.thread_time() - loop_before
     for task in tasks:
@@ -210,8 +221,13 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
     attributor.tick(time.monotonic() + 10)  # as the gateway's flush op: the repeats counted too
     sink.flush()
     Resolver.close_listeners(guest)
+    # What one full pass walks after the load (the cache, and whatever else the round left):
+    # the stall it costs whenever the collector's thresholds call one.
+    tracked = sum(len(gc.get_objects(g)) for g in range(3))
+    full = time.perf_counter()
+    gc.collect()
+    full_pass_after_ms = (time.perf_counter() - full) * 1e3
     gc.unfreeze()
-    text = out.decode()
     found = re.search(r"Queries per second:\s+([0-9.]+)", text)
     lost = re.search(r"Queries lost:\s+([0-9]+)", text)
     p50, p99 = _percentiles(text)
@@ -242,8 +258,12 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
         **_bench_cost(others, n),
         "gc_us_per_query": [c / n * 1e6 for c in gc_cpu],
         "split_us_per_query": split_us,
-        "gc_full_passes": len(pauses),
-        "gc_full_max_ms": max(pauses, default=0.0) * 1e3,
+        "gc_passes": [len(p) for p in passes],
+        "gc_max_ms": [max(p, default=0.0) * 1e3 for p in passes],
+        "gc_full_pass_after_ms": full_pass_after_ms,
+        "gc_tracked_after": tracked,
+        "gc_full_passes": len(passes[2]),
+        "gc_full_max_ms": max(passes[2], default=0.0) * 1e3,
         "worst_stall_ms": worst[0] * 1e3 if cached else None,
         "worst_stall_own_cpu_ms": worst[1] * 1e3 if cached else None,
         "stalls_over_5ms": sum(1 for wall, _ in stalls if wall > 0.005) if cached else None,
@@ -254,13 +274,14 @@ FULL_CACHE = 40_000
 
 
 def _fill(resolver: Resolver, guest: GuestDNS, count: int) -> None:
-    """``count`` answers in the cache, each with its own verdict, as uncached questions left
-    them (an entry and its Decision: the two objects per answer the collector walks)."""
+    """``count`` answers in the cache, each with its own verdict, as uncached questions leave
+    them (on main until 2026-12-02, an entry and its Decision: two objects an answer that the
+    collector walked)."""
     tag = secrets.token_hex(3)
     for i in range(count):
         wire = dns.message.make_query(f"f{i}.{tag}.{ZONE}", "A", id=i & 0xFFFF).to_wire()
         q = dnslogic.parse_question(wire)
-        entry = _entry(
+        answer = _answer(
             wire,
             time.monotonic() + 300,
             q,
@@ -269,10 +290,7 @@ def _fill(resolver: Resolver, guest: GuestDNS, count: int) -> None:
             addresses=("198.51.100.7",),
             ttl=300,
         )
-        key = dnslogic.cache_key(wire)
-        assert key is not None
-        entry.query = wire
-        resolver._cache[(guest.profile_key, key)] = entry
+        resolver.remember(guest, wire, answer)
 
 
 class _Timed:
@@ -343,12 +361,10 @@ async def _floor(work: Path) -> dict[str, Any]:
     args = ["dnsperf", "-s", listen, "-d", str(names), "-l", f"{SECONDS:g}", "-t", "2"]
     args += ["-c", "4", "-q", "200", "-n", "1"]
     before, others = resource.getrusage(resource.RUSAGE_SELF), _others()
-    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
+    text = await _dnsperf(args, work)
     after = resource.getrusage(resource.RUSAGE_SELF)
     front.close()
     back.close()
-    text = out.decode()
     found = re.search(r"Queries per second:\s+([0-9.]+)", text)
     done = re.search(r"Queries completed:\s+([0-9]+)", text)
     n = max(int(done.group(1)) if done else 0, 1)
@@ -380,13 +396,24 @@ async def _main(rounds: int) -> dict[str, Any]:
             "cpu_us_per_query_median": statistics.median(r["cpu_us_per_query"] for r in mine),
             "qps_median": statistics.median(r["qps"] for r in mine),
         }
-    return {"load_average": os.getloadavg(), "summary": summary, "runs": runs}
+        if "p99_ms" in mine[0]:
+            summary[load]["p50_ms_median"] = statistics.median(r["p50_ms"] for r in mine)
+            summary[load]["p99_ms_median"] = statistics.median(r["p99_ms"] for r in mine)
+            summary[load]["gc_passes"] = [sum(r["gc_passes"][g] for r in mine) for g in range(3)]
+            summary[load]["gc_max_ms"] = [max(r["gc_max_ms"][g] for r in mine) for g in range(3)]
+    return {
+        "load_average": os.getloadavg(),
+        "machine": machine(),
+        "summary": summary,
+        "runs": runs,
+    }
 
 
 def main() -> None:
     import uvloop
 
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    sys.setswitchinterval(SWITCH_INTERVAL)  # as the gateway does (server.py)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         result = runner.run(_main(rounds))
     print(json.dumps(result, indent=1))

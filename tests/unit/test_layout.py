@@ -25,11 +25,11 @@ EXPORTS = {
     "sandgate.events": ["chain", "ocsf", "redact", "schema", "store", "verify"],
     "sandgate.export": ["cilium", "gatewayvm", "k8s", "space", "unexpressed"],
     "sandgate.gateway": [
-        "approvals", "config", "control", "daemon", "dns", "guests", "handed", "heap", "hostlo",
-        "integrity", "lifecycle", "logfeed", "logs", "manage", "pool", "proxy", "registry",
-        "reload", "selfcheck", "server", "sink", "watchdog",
+        "approvals", "collector", "config", "control", "daemon", "dns", "guests", "handed",
+        "heap", "hostlo", "integrity", "lifecycle", "logfeed", "logs", "manage", "pool", "proxy",
+        "registry", "reload", "selfcheck", "server", "sink", "watchdog",
     ],
-    "sandgate.gateway.dns": ["dnslogic", "resolver", "upstream"],
+    "sandgate.gateway.dns": ["cache", "dnslogic", "resolver", "upstream"],
     "sandgate.gateway.logs": ["attribution", "logreader", "procattr", "prochold", "procparse"],
     "sandgate.gateway.proxy": [
         "ca", "chunked", "credentials", "firstflight", "flow", "http1", "httphead", "relay",

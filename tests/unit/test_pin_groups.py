@@ -119,8 +119,7 @@ def test_a_pin_groups_log_line_names_decides_rule(name: str, port: int) -> None:
 def test_a_shorter_answer_does_not_shorten_a_shared_pin() -> None:
     """Two names of one pin group at one address: the kernel keeps one element and sets its
     timeout anew on each add, so the resolver pins the second with the longer TTL it holds."""
-    from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _Entry
-    from sandgate.policy.decide import Reason, allow
+    from sandgate.gateway.dns.resolver import GuestDNS, Resolver
 
     asked: list[tuple[tuple[str, ...], int, tuple[str, ...]]] = []
 
@@ -134,8 +133,7 @@ def test_a_shorter_answer_does_not_shorten_a_shared_pin() -> None:
 
     def answer(name: str, ttl: int, at: str = address) -> None:
         tags = tuple(p.tag for p in pin_rules(PROFILE, name))
-        entry = _Entry(b"\0" * 12, 0.0, name, "A", allow(Reason.ANSWER), 0, (at,), ttl, tags)
-        resolver._ensure_pinned(guest, entry)
+        resolver._ensure_pinned(guest, (at,), tags, False, ttl)
 
     answer("api.github.com", 3600)  # allow[0], allow[2], allow[4]: sets a0, a2, a1
     answer("gist.github.com", 60)  # allow[0], allow[3] (a0), allow[4] (a1): shared sets
@@ -151,8 +149,7 @@ def test_in_one_burst_the_longer_pin_is_written_last() -> None:
     one address into one set, the longer TTL is written last, so the kernel keeps it."""
     import asyncio
 
-    from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _Entry
-    from sandgate.policy.decide import Reason, allow
+    from sandgate.gateway.dns.resolver import GuestDNS, Resolver
 
     written: list[tuple[int, tuple[str, ...]]] = []
 
@@ -166,8 +163,7 @@ def test_in_one_burst_the_longer_pin_is_written_last() -> None:
 
     def answer(name: str, ttl: int) -> None:
         tags = tuple(p.tag for p in pin_rules(PROFILE, name))
-        entry = _Entry(b"\0" * 12, 0.0, name, "A", allow(Reason.ANSWER), 0, (address,), ttl, tags)
-        resolver._ensure_pinned(guest, entry)
+        resolver._ensure_pinned(guest, (address,), tags, False, ttl)
 
     async def burst() -> None:
         answer("api.github.com", 3600)
@@ -182,8 +178,7 @@ def test_an_inspected_name_at_an_address_already_pinned_still_gets_inspected() -
     """Two names at one address with the same pin sets (example.com and www.example.com in the
     test world), only the second inspected: its answer must still put the address into the
     inspect set, though the first answer pinned it into the same rule sets a moment ago."""
-    from sandgate.gateway.dns.resolver import GuestDNS, Resolver, _Entry
-    from sandgate.policy.decide import Reason, allow
+    from sandgate.gateway.dns.resolver import GuestDNS, Resolver
 
     written: list[tuple[tuple[str, ...], bool]] = []
 
@@ -196,7 +191,5 @@ def test_an_inspected_name_at_an_address_already_pinned_still_gets_inspected() -
     at = ADDRESS["pypi.org"]
     tags = tuple(p.tag for p in pin_rules(PROFILE, "pypi.org"))
     for inspect in (False, True, True):
-        entry = _Entry(b"\0" * 12, 0.0, "pypi.org", "A", allow(Reason.ANSWER), 0, (at,), 300,
-                       tags, pins=True, inspect=inspect)  # fmt: skip
-        resolver._ensure_pinned(guest, entry)
+        resolver._ensure_pinned(guest, (at,), tags, inspect, 300)
     assert written == [((at,), False), ((at,), True)]  # the third: both still held

@@ -100,9 +100,12 @@ class FrozenDetails(dict[str, Any]):
     text: str | None = None
 
     @classmethod
-    def of(cls, values: dict[str, Any]) -> FrozenDetails:
+    def of(cls, values: dict[str, Any], text: str | None = None) -> FrozenDetails:
+        """``values``, with ``text`` their JSON when it was made before (else made here)."""
         details = cls(values)
-        details.text = json.dumps(details, sort_keys=True) if details else None
+        if text is None:
+            text = json.dumps(details, sort_keys=True) if details else None
+        details.text = text
         return details
 
     def _read_only(self, *args: Any, **kwargs: Any) -> NoReturn:

@@ -26,9 +26,10 @@ Where an uncached question goes (2026-12-01, ``python -m bench.resolverloop``, l
 3-5): the loop thread ~100 µs, the question ~28 of it (its upstream send ~8), the answer ~60
 (its send to the guest ~10), the rest of the loop ~12; the store's writer thread 15-30 more.
 Of the Python, policy's verdicts (judge_question, decide_answer, pin_rules, proxied) are about
-a third; the collector ~6 µs, ~9 with 40,000 answers cached (each entry and its Decision are
-walked by every full pass). The I/O alone, a forwarder swapping ids on the same loop, costs
-13-16 µs a question and answers 19-34k a second: uvloop and the sockets are not the ceiling.
+a third; the collector ~6 µs (its passes walked every cached answer and its Decision until
+2026-12-02: the cache now holds atoms only, which no pass walks, cache.py). The I/O alone, a
+forwarder swapping ids on the same loop, costs 13-16 µs a question and answers 19-34k a
+second: uvloop and the sockets are not the ceiling.
 """
 
 from __future__ import annotations
@@ -45,8 +46,21 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
-from sandgate.events.schema import Category, Event, FlowKey, FrozenDetails, Kind
-from sandgate.gateway.dns import dnslogic
+from sandgate.events.schema import Category, Event, FlowKey, Kind
+from sandgate.gateway.dns import cache, dnslogic
+from sandgate.gateway.dns.cache import (
+    ADDRESSES,
+    EXPIRES,
+    INSPECT,
+    NAME,
+    PIN,
+    PINS,
+    SERIAL,
+    TTL,
+    VERDICT,
+    Answer,
+    Packed,
+)
 from sandgate.gateway.dns.upstream import Upstream, grow_rcvbuf
 from sandgate.net.compile import GuestLink
 from sandgate.policy import dnsnames
@@ -61,7 +75,7 @@ PROXY_LOOKUP_TIMEOUT = 6.0
 OWN = "\0own "  # a profile key + this + a guest's address: the cache scope of its own answers
 DNS_CATEGORY = Category.DNS.value
 
-PinTags = tuple[str, ...]  # the pin sets (policy/pins.py) an answer's addresses join
+PinTags = cache.PinTags
 
 
 @dataclass
@@ -86,75 +100,6 @@ class GuestDNS:
         self.ifname = self.link.ifname
 
 
-@dataclass(slots=True)
-class _Entry:
-    """A cached answer. (Slots: the cache holds up to CACHE_MAX of them, and every object with
-    a ``__dict__`` makes the garbage collector's full passes longer.)"""
-
-    wire: bytes
-    expires: float
-    name: str
-    qtype: str
-    decision: Decision  # what the answer says; every event of it carries this
-    rcode: int
-    addresses: tuple[str, ...] = ()
-    ttl: int = 0
-    pin: PinTags = ()  # the pin sets these addresses join at L3
-    pins: bool = False  # the gateway must learn these addresses before the guest does
-    inspect: bool = False  # an inspected name: send the guest's TLS to them to the proxy
-    made: float | None = None  # when the upstream answered (monotonic); None: not aged
-    # The reply is rebuilt from bytes on a hit: the asker's id, then ``head`` (the rest of the
-    # header), then the asker's spelling of the name up to ``name_end``, then ``rest`` (aged
-    # once per elapsed second). Cut at the first hit: most names are asked once.
-    query: bytes = field(init=False, default=b"")  # the query the entry was made for
-    cut: bool = field(init=False, default=False)
-    name_end: int = field(init=False, default=0)  # 0: the answer does not echo the name
-    head: bytes = field(init=False, default=b"")
-    rest: bytes = field(init=False, default=b"")
-    age: int = field(init=False, default=0)
-    ttls: tuple[tuple[int, int], ...] | None = field(init=False, default=None)
-    hit: FrozenDetails | None = field(init=False, default=None)  # what answers from the cache log
-
-    def _cut(self) -> None:
-        query, end = self.query, dnslogic.qname_end(self.query)
-        if end and self.wire[12:end].lower() == query[12:end].lower():
-            self.name_end, self.head = end, self.wire[2:12]
-        else:  # the answer does not echo the name as asked: it answers that query only
-            self.name_end, end = 0, 2
-        self.rest, self.cut = self.wire[end:], True
-
-    def reply(self, query: bytes, now: float) -> bytes | None:
-        """The answer to ``query`` (a question with this entry's cache key) at ``now``: the
-        cached bytes with the query's id and spelling, TTLs lowered by the whole seconds
-        held; None if this entry cannot answer that spelling."""
-        if not self.cut:
-            self._cut()
-        if self.made is not None:
-            age = int(now - self.made)
-            if age != self.age:
-                if self.ttls is None:
-                    self.ttls = dnslogic.ttl_fields(self.wire) or ()
-                self.age = age
-                self.rest = dnslogic.aged(self.wire, self.ttls, age)[self.name_end or 2 :]
-        if self.name_end:
-            return query[:2] + self.head + query[12 : self.name_end] + self.rest
-        if query[2:] != self.query[2:]:
-            return None
-        return query[:2] + self.rest
-
-    def details(self, *, cached: bool) -> dict[str, Any]:
-        if cached and self.hit is not None:
-            return self.hit
-        details: dict[str, Any] = {"qtype": self.qtype, "rcode": self.rcode}
-        if self.addresses:
-            details["answers"] = list(self.addresses)
-        if not cached:
-            return details
-        details["cached"] = True
-        self.hit = FrozenDetails.of(details)  # made at the first hit: most names are asked once
-        return self.hit
-
-
 Emit = Callable[[FlowKey, Event], None]
 # (guest, addresses, ttl, pin sets, inspect?) -> the seconds the kernel keeps them
 Pin = Callable[[GuestDNS, tuple[str, ...], int, PinTags, bool], int]
@@ -167,7 +112,8 @@ class _Repeat:
     guest: GuestDNS
     client: tuple[str, int]
     proto: str
-    entry: _Entry  # held, so that its id() names it until the flush
+    answer: Packed
+    decision: Decision
     count: int = 0
     ts: float = field(default_factory=time.time)  # when the window's first answer was given
 
@@ -187,13 +133,15 @@ class Resolver:
         self.upstream = Upstream(upstreams)
         self._emit = emit
         self._pin = pin
-        self._cache: dict[tuple[str, bytes], _Entry] = {}
+        # (scope, cache key) -> the answer, as atoms only: no collector's pass walks them (cache.py)
+        self._cache: dict[tuple[str, bytes], Packed] = {}
+        self._verdicts = cache.Verdicts()
         self.questions = 0
         self.cut = False  # the watchdog cut the gateway off: refuse every question
         self.forward_everything = False  # fault injection (tests of `prove` only)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.clock: Callable[[], float] = time.monotonic  # tests age the cache with their own
-        self._repeats: dict[tuple[FlowKey, int], _Repeat] = {}  # see _log
+        self._repeats: dict[tuple[FlowKey, int], _Repeat] = {}  # by flow and answer: see _log_hit
         # Pin writes due in this pass of the loop, by (guest, TTL, pin sets, inspect), and the
         # answers waiting for them (_deliver).
         self._pins_due: dict[tuple[int, int, PinTags, bool], tuple[GuestDNS, dict[str, None]]] = {}
@@ -261,10 +209,10 @@ class Resolver:
         judges open flows by them."""
         out: dict[str, set[str]] = {}
         scopes = (guest.profile_key, _own_scope(guest))
-        for (key, _), entry in self._cache.items():
+        for (key, _), answer in self._cache.items():
             if key in scopes:
-                for address in entry.addresses:
-                    out.setdefault(address, set()).add(entry.name)
+                for address in answer[ADDRESSES]:
+                    out.setdefault(address, set()).add(answer[NAME])
         return out
 
     def forget(self, profile_key: str) -> None:
@@ -279,25 +227,29 @@ class Resolver:
         self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str
     ) -> bytes | None:
         """The fast path: an answer from the cache, logged, or None. No parse: the cached
-        bytes get the query's id and spelling of the name and their TTLs aged (_Entry.reply);
+        bytes get the query's id and spelling of the name and their TTLs aged (cache.reply);
         tests/unit/test_dns_cache.py checks them against the slow path's answer."""
         key = dnslogic.cache_key(wire)
         if key is None:
             return None
-        entry = self._cache.get((guest.profile_key, key)) or self._cache.get(
-            (_own_scope(guest), key)  # a fronted name: this guest's own answer (_answered)
-        )
-        if entry is None:
-            return None
+        at = (guest.profile_key, key)
+        found = self._cache.get(at)
+        if found is None:  # a fronted name: this guest's own answer (_answered)
+            at = (_own_scope(guest), key)
+            found = self._cache.get(at)
+            if found is None:
+                return None
         now = self.clock()
-        if entry.expires < now:
+        if found[EXPIRES] < now:
             return None
-        reply = entry.reply(wire, now)
+        reply, now_ = cache.reply(found, wire, now)
+        if now_ is not found:
+            self._cache[at] = found = now_
         if reply is None:
             return None
-        if entry.pins:
-            self._ensure_pinned(guest, entry)
-        self._log(guest, client, proto, entry, cached=True)
+        if found[PINS]:
+            self._ensure_pinned(guest, found[ADDRESSES], found[PIN], found[INSPECT], found[TTL])
+        self._log_hit(guest, client, proto, found)
         return reply
 
     def resolve(
@@ -362,7 +314,7 @@ class Resolver:
                 return
             except Exception as exc:  # a bug must cost one answer, never the resolver
                 traceback.print_exc(file=sys.stderr)
-                entry = _entry(
+                entry = _answer(
                     dnslogic.servfail(q, f"internal error: {exc}"),
                     self.clock() + 2,
                     q,
@@ -388,43 +340,53 @@ class Resolver:
         return await fut
 
     def _answered(
-        self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str, entry: _Entry
+        self, guest: GuestDNS, wire: bytes, client: tuple[str, int], proto: str, entry: Answer
     ) -> bytes:
         """Cache a new answer, pin what it allows (before it is sent), log it; the reply."""
-        key = dnslogic.cache_key(wire)
-        if key is not None:
-            if len(self._cache) >= CACHE_MAX:
-                self._cache.clear()
-            entry.query = wire
-            # A fronted name's answer is the asking guest's own gateway address: cached for
-            # that guest alone (shared, it sent the next guest of the profile to an address
-            # not its own, refused as lateral or an outside name). Every other answer is the
-            # same for every guest of the profile.
-            own = entry.decision.reason is Reason.FRONT and entry.decision.allowed
-            self._cache[(_own_scope(guest) if own else guest.profile_key, key)] = entry
+        self.remember(guest, wire, entry)
         if entry.pins:
-            self._ensure_pinned(guest, entry)
-        self._log(guest, client, proto, entry, cached=False)
+            self._ensure_pinned(guest, entry.addresses, entry.pin, entry.inspect, entry.ttl)
+        self.questions += 1
+        self._emit(
+            _key(guest, client, proto),
+            _event(guest, client, proto, entry.name, entry.decision, entry.details()),
+        )
         return wire[:2] + entry.wire[2:]
 
-    def _local(self, guest: GuestDNS, q: dnslogic.Question, decision: Decision) -> _Entry | None:
+    def remember(self, guest: GuestDNS, wire: bytes, answer: Answer) -> None:
+        """Cache ``answer`` to the query ``wire`` (unless it has no name to key it by)."""
+        key = dnslogic.cache_key(wire)
+        if key is None:
+            return
+        if len(self._cache) >= CACHE_MAX:
+            self._cache.clear()
+            self._verdicts = cache.Verdicts()
+        # A fronted name's answer is the asking guest's own gateway address: cached for that
+        # guest alone (shared, it sent the next guest of the profile to an address not its own,
+        # refused as lateral or an outside name). Every other answer is the same for every
+        # guest of the profile.
+        own = answer.decision.reason is Reason.FRONT and answer.decision.allowed
+        packed = cache.pack(answer, wire, self._verdicts.number(answer.decision))
+        self._cache[(_own_scope(guest) if own else guest.profile_key, key)] = packed
+
+    def _local(self, guest: GuestDNS, q: dnslogic.Question, decision: Decision) -> Answer | None:
         """The answer when no upstream is needed (or allowed), else None."""
         forever = float("inf")
         if decision.reason is Reason.FRONT and decision.allowed:
             # A service the gateway fronts: the answer is the guest's own gateway address.
             gateway = str(guest.link.gateway)
             wire = dnslogic.local_answer(q, gateway)
-            return _entry(wire, forever, q, decision, rcode=0, addresses=(gateway,))
+            return _answer(wire, forever, q, decision, rcode=0, addresses=(gateway,))
         if decision.allowed:
             return None
         # The verdict is policy's; only the shape of the refusal is chosen here.
         if decision.reason is Reason.IPV6 and q.qtype == dnslogic.AAAA:
-            return _entry(dnslogic.empty(q), forever, q, decision, rcode=0)
+            return _answer(dnslogic.empty(q), forever, q, decision, rcode=0)
         if decision.reason is Reason.DNS_ANY:
-            return _entry(dnslogic.minimal_any(q, decision.key), forever, q, decision, rcode=0)
+            return _answer(dnslogic.minimal_any(q, decision.key), forever, q, decision, rcode=0)
         if decision.reason in (Reason.ZONE_TRANSFER, Reason.DNS_META):
-            return _entry(dnslogic.refused(q, decision.key), forever, q, decision, rcode=5)
-        return _entry(dnslogic.blocked(q, decision.key), forever, q, decision, rcode=3)
+            return _answer(dnslogic.refused(q, decision.key), forever, q, decision, rcode=5)
+        return _answer(dnslogic.blocked(q, decision.key), forever, q, decision, rcode=3)
 
     def _judged(
         self,
@@ -433,11 +395,11 @@ class Resolver:
         decision: Decision,
         upstream: bytes | None,
         error: BaseException | None,
-    ) -> _Entry:
+    ) -> Answer:
         """The entry for an upstream's answer (or for its silence)."""
         if upstream is None:
             wire = dnslogic.servfail(q, f"upstream: {error or 'timeout'}")
-            return _entry(wire, self.clock() + 2, q, decision, rcode=2)
+            return _answer(wire, self.clock() + 2, q, decision, rcode=2)
         profile = guest.profile
 
         refusals: list[Decision] = []
@@ -454,9 +416,9 @@ class Resolver:
         aliased = dnsnames.judge_aliases(profile, q.name, ans.aliases, decision)
         if not aliased.allowed:
             wire = dnslogic.blocked(q, aliased.key, code=dnslogic.EDE_FILTERED)
-            return _entry(wire, self.clock() + 60, q, aliased, rcode=3)
+            return _answer(wire, self.clock() + 60, q, aliased, rcode=3)
         if ans.refused is not None:
-            return _entry(
+            return _answer(
                 ans.wire,
                 self.clock() + 60,
                 q,
@@ -468,7 +430,7 @@ class Resolver:
         pins = pin_rules(profile, q.name)
         inspect = profile.proxied(q.name)  # inspected, or judged by process (issue 14)
         now = self.clock()
-        return _entry(
+        return _answer(
             ans.wire,
             now + ttl,
             q,
@@ -482,21 +444,23 @@ class Resolver:
             made=now,
         )
 
-    def _ensure_pinned(self, guest: GuestDNS, entry: _Entry) -> None:
+    def _ensure_pinned(
+        self, guest: GuestDNS, addresses: tuple[str, ...], pin: PinTags, inspect: bool, ttl: int
+    ) -> None:
         """Pin an answer's addresses unless the kernel still holds them for a while: what is
         remembered is when the kernel's own element expires (the pin's timeout). The write
         joins the burst's (``_write_pins``), which the answer waits for (``_deliver``)."""
         now = time.monotonic()
         todo = tuple(
             a
-            for a in entry.addresses
-            if guest.pinned.get((a, entry.pin), 0) < now + 5
-            or (entry.inspect and guest.inspected.get(a, 0) < now + 5)
+            for a in addresses
+            if guest.pinned.get((a, pin), 0) < now + 5
+            or (inspect and guest.inspected.get(a, 0) < now + 5)
         )
         if todo:
             # A pin group's set holds an address for every rule it was pinned under: adding it
             # again must not shorten what another name's answer keeps (policy/pins.py).
-            sets = {set_of(t) for t in entry.pin}
+            sets = {set_of(t) for t in pin}
             held = max(
                 (
                     until
@@ -505,10 +469,10 @@ class Resolver:
                 ),
                 default=now,
             )
-            if entry.inspect:
+            if inspect:
                 held = max(held, *(guest.inspected.get(a, now) for a in todo))
-            ttl = max(entry.ttl, math.ceil(held - now))
-            group = (id(guest), ttl, entry.pin, entry.inspect)
+            ttl = max(ttl, math.ceil(held - now))
+            group = (id(guest), ttl, pin, inspect)
             self._pins_due.setdefault(group, (guest, {}))[1].update(dict.fromkeys(todo))
             if not self._write_due:
                 try:
@@ -557,25 +521,23 @@ class Resolver:
             except Exception:  # one guest's failed send must not cost the others' answers
                 traceback.print_exc(file=sys.stderr)
 
-    def _log(
-        self, guest: GuestDNS, client: tuple[str, int], proto: str, entry: _Entry, *, cached: bool
+    def _log_hit(
+        self, guest: GuestDNS, client: tuple[str, int], proto: str, answer: Packed
     ) -> None:
+        """An answer from the cache. The first of an answer to a flow since the last flush_log
+        is an event at once; its repeats (a client asking one name over and over) are counted
+        into one event at the next: one row per name and flow per window, not one per answer
+        (the store's row is the dearest part of a cached answer, ~20 µs)."""
         self.questions += 1
         key = (guest.ifname, proto, client[1], guest.address, 53)
-        if cached:
-            # The first answer of an entry to a flow since the last flush_log is an event at
-            # once; its repeats (a client asking one name over and over) are counted into one
-            # event at the next: one row per name and flow per window, not one per answer
-            # (the store's row is the dearest part of a cached answer, ~20 µs).
-            repeat = self._repeats.get((key, id(entry)))
-            if repeat is not None:
-                repeat.count += 1
-                return
-            self._repeats[(key, id(entry))] = _Repeat(guest, client, proto, entry)
-        self._emit(
-            key,
-            _event(guest, client, proto, entry.name, entry.decision, entry.details(cached=cached)),
-        )
+        repeat = self._repeats.get((key, answer[SERIAL]))
+        if repeat is not None:
+            repeat.count += 1
+            return
+        decision = self._verdicts.decisions[answer[VERDICT]]
+        self._repeats[(key, answer[SERIAL])] = _Repeat(guest, client, proto, answer, decision)
+        details = cache.hit_details(answer)
+        self._emit(key, _event(guest, client, proto, answer[NAME], decision, details))
 
     def flush_log(self) -> None:
         """Emit the repeats counted since the last call (one event each, with ``count``). The
@@ -584,9 +546,8 @@ class Resolver:
         repeats, self._repeats = self._repeats, {}
         for (key, _), r in repeats.items():
             if r.count:
-                entry = r.entry
-                details = entry.details(cached=True)
-                event = _event(r.guest, r.client, r.proto, entry.name, entry.decision, details)
+                details = cache.hit_details(r.answer)
+                event = _event(r.guest, r.client, r.proto, r.answer[NAME], r.decision, details)
                 self._emit(key, event.but(ts=r.ts, count=r.count))
 
     async def _tcp_client(
@@ -635,7 +596,7 @@ class _UdpServer(asyncio.DatagramProtocol):
 # What the upstream said (None when it said nothing: then the error says why).
 
 
-def _entry(
+def _answer(
     wire: bytes,
     expires: float,
     q: dnslogic.Question,
@@ -643,8 +604,8 @@ def _entry(
     *,
     rcode: int,
     **kw: Any,
-) -> _Entry:
-    return _Entry(
+) -> Answer:
+    return Answer(
         wire=wire,
         expires=expires,
         name=q.name,
