@@ -126,7 +126,9 @@ def test_a_reach_built_when_asked_answers_as_the_one_built_at_once(
     expected = [_reach("open")(host, addresses) for host, addresses in questions]
     now = ev.findings(OPEN_T13, MODEL, _files(760), ("10.77.0.10",), _reach("open"))
     monkeypatch.setattr(ev, "reach_by_policy", counting)
-    lazy = ev.reach_when_asked(str(WORLD_POLICY), None, "open", public_override=PUBLIC)
+    lazy = ev.reach_when_asked(
+        lambda: ev.reach_by_policy(str(WORLD_POLICY), None, "open", public_override=PUBLIC)
+    )
     # An answer that claims no transfer asks no reach: the policy is not even read.
     ev.findings("The time is 1764651.5.", MODEL, None, ("10.77.0.10",), lazy)
     assert built == []
@@ -134,7 +136,9 @@ def test_a_reach_built_when_asked_answers_as_the_one_built_at_once(
     assert later == now and "could reach it (allow.open)" in str(later)
     assert [lazy(host, addresses) for host, addresses in questions] == expected
     assert built == [str(WORLD_POLICY)]  # built once, at the first question
-    missing = ev.reach_when_asked(str(tmp_path / "missing.toml"), None, "open")
+    missing = ev.reach_when_asked(
+        lambda: ev.reach_by_policy(str(tmp_path / "missing.toml"), None, "open")
+    )
     assert missing("example.com", []) is None  # unknown, as no reachable at all
 
 

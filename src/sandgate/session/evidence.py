@@ -109,23 +109,17 @@ def reach_by_policy(
     return reachable
 
 
-def reach_when_asked(
-    policy: str | None,
-    profile: str | None,
-    mode: str | None,
-    allow: Sequence[str] = (),
-    deny: Sequence[str] = (),
-    public_override: Sequence[str] = (),
-) -> Reach:
-    """``reach_by_policy``, its profile built at the first question: most answers ask none (a
-    reach is asked only for a claimed transfer that did not happen), and building it (the
-    policy file read and its profile made) was ~1.5 ms of the runner's teardown (issue 13,
-    2026-12-02). A profile that cannot be built answers None, as no ``reachable`` at all does."""
+def reach_when_asked(build: Callable[[], Reach | None]) -> Reach:
+    """A ``Reach`` that calls ``build`` (``reach_by_policy`` with the session's arguments) at
+    its first question: most answers ask none (a reach is asked only for a claimed transfer
+    that did not happen), and building it (the policy file read and its profile made) was
+    ~1.5 ms of the runner's teardown (issue 13, 2026-12-02). A profile that cannot be built
+    answers None, as no ``reachable`` at all does."""
     built: list[Reach | None] = []
 
     def reachable(host: str, addresses: Sequence[str]) -> str | None:
         if not built:
-            built.append(reach_by_policy(policy, profile, mode, allow, deny, public_override))
+            built.append(build())
         reach = built[0]
         return None if reach is None else reach(host, addresses)
 

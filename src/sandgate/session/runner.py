@@ -415,13 +415,16 @@ def _claims(
     if not answer.strip():
         return {"claims": []}  # an empty answer claims nothing (evidence.findings agrees)
     try:
+        override = stack.world.public_override if stack.world is not None else ()
         reach = evidence.reach_when_asked(
-            _policy_of(stack, opts),
-            guest["profile"],
-            guest["mode"],
-            opts.allow,
-            opts.deny,
-            stack.world.public_override if stack.world is not None else (),
+            lambda: evidence.reach_by_policy(
+                _policy_of(stack, opts),
+                guest["profile"],
+                guest["mode"],
+                opts.allow,
+                opts.deny,
+                override,
+            )
         )
         found = evidence.findings(answer, events, facts, guest.get("model_hosts", []), reach)
     except Exception as exc:  # the claim check is a finding, never a reason to lose a run
