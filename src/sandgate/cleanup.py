@@ -29,6 +29,8 @@ PROCESS_MARKERS = ("sandgate.world.servers", "sandgate-vm-")
 
 @dataclass
 class CleanupResult:
+    """What a cleanup removed, by kind."""
+
     processes: list[int] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)

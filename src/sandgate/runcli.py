@@ -35,6 +35,8 @@ Kind = Literal["str", "path", "int", "float", "flag", "multi"]
 
 @dataclass(frozen=True)
 class Option:
+    """One of ``run``'s options as the fast parser reads it."""
+
     dest: str  # the parameter of cli.run / run_command
     names: tuple[str, ...]
     kind: Kind

@@ -211,6 +211,8 @@ def load_public(store: Path) -> Ed25519PublicKey:
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A signed point in the event chain: a batch of event ids, its hashes and the head."""
+
     n: int
     ts: float
     first: int

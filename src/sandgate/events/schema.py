@@ -117,6 +117,8 @@ class FrozenDetails(dict[str, Any]):
 
 @dataclass(frozen=True)
 class Event:
+    """One logged thing, as the store keeps it."""
+
     kind: Kind
     ts: float = field(default_factory=time.time)
     session: str | None = None

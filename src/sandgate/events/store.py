@@ -58,6 +58,8 @@ def default_path() -> Path:
 
 @dataclass(frozen=True)
 class SessionRow:
+    """A session as the store's ``sessions`` table holds it."""
+
     id: str
     started: float
     ended: float | None

@@ -20,6 +20,8 @@ RUN_ROOT = Path(os.environ.get("SANDGATE_RUN", "/run/sandgate"))
 
 @dataclass(frozen=True)
 class GatewayConfig:
+    """How a gateway is wired: its uplink, guest pool, upstream resolvers, store, alarms."""
+
     instance: str
     uplink: Uplink
     guest_pool: str = "10.201.0.0/16"

@@ -31,6 +31,8 @@ DAEMON = "sandgate.gateway.daemon"  # the module the daemon runs as; its pid che
 
 @dataclass
 class GatewayHandle:
+    """A running gateway daemon: its instance, pid and control socket."""
+
     instance: str
     pid: int
     control: Path
@@ -295,6 +297,8 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 @dataclass(frozen=True)
 class ReloadResult:
+    """What a policy reload changed on a running gateway."""
+
     instance: str
     policy: str  # the absolute path the daemon was given
     guests: int  # running guests started with this file

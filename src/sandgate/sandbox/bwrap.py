@@ -35,6 +35,8 @@ SCRATCH_TMPFS = 64 << 20
 
 @dataclass(frozen=True)
 class SandboxSpec:
+    """What the sandbox is made with: namespace, user, command, files, scratch areas."""
+
     netns: str  # path of the guest's network namespace
     uid: int
     gid: int

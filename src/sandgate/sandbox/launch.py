@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
-import secrets
 import select
 import shutil
 import signal
@@ -106,6 +105,8 @@ def _has_capability(bit: int) -> bool:
 
 @dataclass
 class Sandbox:
+    """One guest: its namespace, folders, cgroup and process."""
+
     session: str
     instance: str
     netns: str = ""
@@ -160,7 +161,7 @@ class Sandbox:
     ) -> None:
         """``create``'s namespace and folders, for a sandbox whose first process was started
         before them (``prepare`` with the namespace given later). On failure all is undone."""
-        self.netns = netns or f"sg-{self.instance}-s{secrets.token_hex(3)}"
+        self.netns = netns or f"sg-{self.instance}-s{os.urandom(3).hex()}"
         self.dir = SESSIONS_ROOT / self.session
         try:
             if workdir is not None:

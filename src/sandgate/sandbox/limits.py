@@ -56,6 +56,8 @@ class LimitsError(SetupError):
 
 @dataclass(frozen=True)
 class Hierarchy:
+    """The host's cgroup tree(s) that sandgate makes its cgroups in."""
+
     version: int  # 2: one unified tree; 1: a tree per controller
     dirs: dict[str, Path]  # controller -> the directory sandgate's cgroups are made in
     missing: tuple[str, ...] = ()  # controllers this host lacks (or does not delegate to us)
@@ -102,6 +104,8 @@ class Usage:
 
 @dataclass
 class Cgroup:
+    """One sandbox's cgroup: its directories and the limits set on them."""
+
     name: str
     hierarchy: Hierarchy
     limits: Limits

@@ -38,6 +38,8 @@ class Entry:
 
 @dataclass(frozen=True)
 class Change:
+    """One path that differs between two snapshots of a tree."""
+
     path: str  # relative to the tree's root
     change: str  # "new", "changed", "deleted"
     entry: Entry  # the new entry (the old one for "deleted")

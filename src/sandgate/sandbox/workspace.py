@@ -68,6 +68,8 @@ class Stray:
 
 @dataclass
 class WriteFindings:
+    """What a session wrote outside its workspace, and where it was kept."""
+
     strays: list[Stray] = field(default_factory=list)
     stray_bytes: int = 0
     quarantine: str | None = None
@@ -85,6 +87,8 @@ class WriteFindings:
 
 @dataclass
 class WorkspaceSpec:
+    """What a session's files are made from, and their limits."""
+
     fixtures: Path | None = None
     home_template: Path | None = None
     home_layers: tuple[Path, ...] = ()  # copied into the home first (an agent's own config)
@@ -151,6 +155,8 @@ def our_mounts(root: Path) -> list[Path]:
 
 @dataclass
 class Workspace:
+    """A session's folders and mounts, made by ``create`` and undone by ``destroy``."""
+
     dir: Path
     uid: int
     spec: WorkspaceSpec

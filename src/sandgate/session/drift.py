@@ -55,6 +55,8 @@ SYSTEM_DIRS = ("/etc/apt/apt.conf.d", "/etc/apt/sources.list.d", "/etc/profile.d
 
 @dataclass
 class DriftItem:
+    """One thing that changed during a session, with its diff."""
+
     what: str  # the label: "gateway ruleset", "/home/agent/.gitconfig", ...
     change: str  # "added", "removed", "changed"
     diff: str  # unified diff (may be cut short)
@@ -63,6 +65,8 @@ class DriftItem:
 
 @dataclass
 class Drift:
+    """Everything that changed during a session, and whether the gateway was restored."""
+
     items: list[DriftItem] = field(default_factory=list)
     gateway_changed: bool = False
     gateway_restored: bool | None = None  # None: nothing to restore

@@ -35,6 +35,8 @@ _COMPLETION = "/chat/completions"
 
 @dataclass(frozen=True)
 class ModelUse:
+    """A session's model requests and tokens, as the proxy counted them."""
+
     requests: int = 0
     completions: int = 0
     streamed: int = 0

@@ -36,6 +36,8 @@ DAY = 86400.0
 
 @dataclass(frozen=True)
 class Limits:
+    """How long and how much of the kept sessions stay."""
+
     days: float = DEFAULT_DAYS  # 0: no age limit
     mb: float = DEFAULT_MB  # 0: no size limit
 
@@ -76,6 +78,8 @@ class Kept:
 
 @dataclass
 class RetentionResult:
+    """What a retention pass removed, and what it kept because it runs."""
+
     removed: list[str] = field(default_factory=list)
     freed: int = 0  # bytes
     kept_running: list[str] = field(default_factory=list)  # over a limit, but running

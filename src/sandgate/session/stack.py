@@ -12,7 +12,6 @@ import dataclasses
 import ipaddress
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -38,6 +37,8 @@ if TYPE_CHECKING:  # policy/ brings pydantic: a run on a running gateway loads n
 
 @dataclass
 class Stack:
+    """A gateway (and test world) that runs use, and whether we own it."""
+
     instance: str
     gateway: GatewayHandle
     world: WorldInfo | None
@@ -84,7 +85,7 @@ def bring_up(
 
     The gateway is wired as ``policy``'s ``[gateway]`` table says (the test world's own policy,
     or the built-in one, when none is named)."""
-    name = instance or ("r" + secrets.token_hex(2))
+    name = instance or ("r" + os.urandom(2).hex())
     real_model = check_world_model(world_model) if world else None
     if manage.find(name) is not None:
         raise SandgateError(

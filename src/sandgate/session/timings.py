@@ -45,6 +45,8 @@ def since_process_start() -> float | None:
 
 @dataclass
 class Phase:
+    """One timed phase of a run."""
+
     name: str
     wall_ms: float
     cpu_ms: float
@@ -59,6 +61,8 @@ class Phase:
 
 @dataclass
 class Running:
+    """A phase being timed that a later call ends (``Timings.begin``)."""
+
     timings: Timings
     name: str
     wall: float
