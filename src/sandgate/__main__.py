@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any
+
+from sandgate import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def main() -> Any:

@@ -26,11 +26,14 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import PolicyError, SandgateError
 
-Kind = Literal["str", "path", "int", "float", "flag", "multi"]
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    Kind = Literal["str", "path", "int", "float", "flag", "multi"]
 
 
 @dataclass(frozen=True)

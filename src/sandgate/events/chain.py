@@ -41,9 +41,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+
+from sandgate import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: ~15 ms that a run without events does not pay
+    from typing import Any
+
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
         Ed25519PrivateKey,
         Ed25519PublicKey,

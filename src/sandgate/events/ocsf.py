@@ -36,10 +36,13 @@ import shlex
 from collections import Counter
 from collections.abc import Iterable
 from functools import cache
-from typing import Any, TextIO
 
+from sandgate import TYPE_CHECKING
 from sandgate.events.redact import redact_arg
 from sandgate.events.schema import Event, Kind
+
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 OCSF_VERSION = "1.8.0"
 PRODUCT = "sandgate"

@@ -13,9 +13,12 @@ import json
 import operator
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+
+from sandgate import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
     from sandgate.policy.decide import Decision
 
 
@@ -93,7 +96,7 @@ _DETAILS_AT = FIELDS.index("details")
 _DETAILS_JSON = json.JSONEncoder(sort_keys=True)
 
 
-class FrozenDetails(dict[str, Any]):
+class FrozenDetails(dict[str, "Any"]):
     """Details shared by many events (every answer from one resolver cache entry), read-only,
     with their JSON text made once instead of once per event."""
 

@@ -16,13 +16,15 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import SandgateError
 from sandgate.events import chain
 from sandgate.events.schema import Event, Kind
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from sandgate.events.verify import Verification
 
 _SCHEMA = """

@@ -11,9 +11,12 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from sandgate import TYPE_CHECKING
 from sandgate.net.links import Uplink
+
+if TYPE_CHECKING:
+    from typing import Any
 
 RUN_ROOT = Path(os.environ.get("SANDGATE_RUN", "/run/sandgate"))
 

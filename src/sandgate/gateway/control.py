@@ -18,12 +18,16 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import GatewayError, SandgateError
 
 if TYPE_CHECKING:  # only the daemon's side needs asyncio: a client (`run`) saves ~5 ms of CPU
     import asyncio
+    from typing import Any
+
+    Op = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    Watch = Callable[[], contextlib.AbstractContextManager["asyncio.Queue[Any]"]]
 
 MAX_LINE = 1 << 20
 
@@ -37,10 +41,6 @@ def decode(line: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ValueError("a control message must be a JSON object")
     return obj
-
-
-Op = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-Watch = Callable[[], contextlib.AbstractContextManager["asyncio.Queue[Any]"]]
 
 
 async def serve_client(

@@ -12,13 +12,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from sandgate import pids
+from sandgate import TYPE_CHECKING, pids
 from sandgate.errors import GatewayError, SetupError
 from sandgate.gateway.config import RUN_ROOT, GatewayConfig, netns_of, pid_path, run_dir
 from sandgate.gateway.control import ControlClient
 from sandgate.sandbox import limits
+
+if TYPE_CHECKING:
+    from typing import Any
 
 READY_TIMEOUT = 20.0
 # The daemon's threads (one per proxied connection) each got a malloc arena of their own, up

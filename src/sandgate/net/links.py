@@ -18,12 +18,14 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import NetError
 from sandgate.net import ns
 
 if TYPE_CHECKING:  # the compiler pulls in policy/ and pydantic, which `run` does not need
+    from typing import Any, Literal
+
     from sandgate.net.compile import GuestLink
 
 GUEST_IFNAME = "eth0"

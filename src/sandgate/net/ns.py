@@ -25,14 +25,16 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from queue import SimpleQueue
-from typing import TYPE_CHECKING, Any, TypeVar
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import NetError
 
 if TYPE_CHECKING:  # made on first use: concurrent.futures brings logging (~12 ms a run)
     from concurrent.futures import Future
+    from typing import Any, TypeVar
 
-T = TypeVar("T")
+    T = TypeVar("T")
+
 
 NETNS_DIR = Path("/run/netns")
 OUR_PREFIXES = ("sg-", "sandgate")

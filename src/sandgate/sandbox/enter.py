@@ -59,10 +59,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import SandboxError
 from sandgate.gateway.config import RUN_ROOT
+
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["LATER", "Entry", "ahead", "helper", "late_blob", "late_command", "popen", "spawn"]
 

@@ -20,13 +20,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from sandgate import cleanup
+from sandgate import TYPE_CHECKING, cleanup
 from sandgate.errors import SandboxError, SetupError
 from sandgate.net import ns
 from sandgate.sandbox import bwrap, enter, privilege
 from sandgate.sandbox.workspace import SESSIONS_ROOT, Workspace, WorkspaceSpec
+
+if TYPE_CHECKING:
+    from typing import Any
 
 CA_VARS = (
     "SSL_CERT_FILE",

@@ -32,10 +32,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import SetupError
 from sandgate.policy.limits import Limits
+
+if TYPE_CHECKING:
+    from typing import Any
 
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "sandgate-"

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+
+from sandgate import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 SHIM_DIR = "/run/sandgate/bin"
 PRIVILEGE_LOG = "/run/.sandgate/privilege.log"

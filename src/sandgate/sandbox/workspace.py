@@ -25,8 +25,8 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import SandboxError
 from sandgate.sandbox.tree import (
     Change,
@@ -36,6 +36,9 @@ from sandgate.sandbox.tree import (
     manifest,
     mirror_changes,
 )
+
+if TYPE_CHECKING:
+    from typing import Any
 
 MiB = 1 << 20
 DEFAULT_DISK = 1024 * MiB

@@ -16,7 +16,11 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+from sandgate import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_TEXT = 64 << 10
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from sandgate import TYPE_CHECKING
 from sandgate.errors import SandgateError
 from sandgate.events.schema import Event
 from sandgate.sandbox.bwrap import SANDBOX_WORK
 from sandgate.sandbox.tree import Entry
 
 if TYPE_CHECKING:  # loaded where a fact or claim is made: a run without files or answer has none
+    from typing import Any
+
     from sandgate.session.claims import FileFact, Finding
 
 HEAD = 4096

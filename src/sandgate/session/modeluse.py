@@ -26,7 +26,11 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+
+from sandgate import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["ModelUse", "read_log", "summarize"]
 

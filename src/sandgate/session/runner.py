@@ -19,9 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
 
-from sandgate import cleanup
+from sandgate import TYPE_CHECKING, cleanup
 from sandgate.errors import SandboxError, SandgateError
 from sandgate.events.schema import Event, Kind
 from sandgate.events.store import SessionRow, Store, home_of
@@ -42,6 +41,8 @@ from sandgate.session.stack import Stack, stack_for
 from sandgate.session.timings import Timings
 
 if TYPE_CHECKING:  # QEMU guests' module is imported by the runs that use one (issue 13)
+    from typing import Any
+
     from sandgate.gateway.control import ControlClient
     from sandgate.report.session import SessionReport
     from sandgate.vm.launch import VmOptions

@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from sandgate import cleanup, pids
+from sandgate import TYPE_CHECKING, cleanup, pids
 from sandgate.errors import SandgateError
 from sandgate.gateway import manage
 from sandgate.gateway.config import GatewayConfig, run_dir
@@ -31,6 +30,8 @@ from sandgate.net.links import Uplink
 from sandgate.world.info import WorldInfo
 
 if TYPE_CHECKING:  # policy/ brings pydantic: a run on a running gateway loads no policy
+    from typing import Any
+
     from sandgate.policy.load import Policy
     from sandgate.world.topology import TestWorld  # the builder: only when a world is brought up
 

@@ -17,7 +17,11 @@ import resource
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+
+from sandgate import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Phase", "Running", "Timings", "cpu_now", "since_process_start"]
 
