@@ -96,7 +96,7 @@ _DETAILS_AT = FIELDS.index("details")
 _DETAILS_JSON = json.JSONEncoder(sort_keys=True)
 
 
-class FrozenDetails(dict[str, "Any"]):
+class FrozenDetails(dict[str, "Any"]):  # "Any": a run loads no typing (sandgate/__init__.py)
     """Details shared by many events (every answer from one resolver cache entry), read-only,
     with their JSON text made once instead of once per event."""
 
