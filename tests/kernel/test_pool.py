@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from sandgate.net import ns
 from sandgate.net.nft import Nft
 from sandgate.session.stack import Stack, bring_up
 
-from .conftest import Runner, conns, dns, http
+from .conftest import Runner, dns, http
 
 
 def _warm(stack: Stack) -> dict[str, Any]:
@@ -226,81 +225,3 @@ def test_a_fronted_name_reaches_the_front_from_every_guest_address(
         assert any(e.details.get("cached") for e in dns(events, "models.lan"))
         seen.add(src)
     assert len(seen) >= 2, f"every session had the same guest address: {seen}"
-
-
-def _ahead(stack: Stack, timeout: float = 20.0) -> str:
-    """The ready namespace whose guest rules were made ahead (after a join: for its profile)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ahead = list(_warm(stack).get("ahead", ()))
-        if ahead:
-            return str(ahead[0])
-        time.sleep(0.05)
-    raise AssertionError(f"no warm entry got its rules made ahead: {_warm(stack)}")
-
-
-_PROBE = """
-import socket, sys
-out = []
-for host, port in (("198.51.100.10", 80), (sys.argv[1], 53), (sys.argv[1], 3128)):
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-        out.append(f"tcp {host}:{port} connected")
-    except OSError:
-        pass
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-u.settimeout(1)
-query = bytes.fromhex("123401000001000000000000076578616d706c6503636f6d0000010001")
-u.sendto(query, (sys.argv[1], 53))
-try:
-    u.recv(512)
-    out.append("dns answered")
-except OSError:
-    pass
-print("\\n".join(out))
-"""
-
-
-def test_a_warm_guest_with_its_rules_made_ahead_passes_nothing_before_its_join(
-    sandbox: Runner, stack: Stack
-) -> None:
-    """After a join, the next warm entry gets the guest rules of that join's profile, made
-    ahead and unreachable. From inside it, as root, before any join names it: no connection
-    to the internet or to the gateway's resolver or proxy, no DNS answer. Then a session of
-    that profile takes it and is served as a cold join would serve it."""
-    assert sandbox.sh("true", mode="open").exit_code == 0
-    name = _ahead(stack)
-    address = next(a[1] for a in _inside(name)["addrs"] if a[0] == "eth0")
-    gateway = ns_ip(address, -1)
-    probe = subprocess.run(
-        ["ip", "netns", "exec", name, sys.executable, "-c", _PROBE, gateway],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.strip() == "", probe.stdout  # nothing passed
-    assert name in _warm(stack)["ahead"]  # still unjoined, still made ahead
-    r = sandbox.sh("curl -s -m 5 -o /dev/null http://198.51.100.10/", mode="open")
-    assert r.exit_code == 0
-    assert name not in _warm(stack)["ready"]  # it was this session's (take prefers it)
-    (seen,) = http(sandbox.events(r), "198.51.100.10", 80)
-    assert seen.verdict == "allow"
-
-
-def test_a_warm_entry_made_ahead_for_another_profile_is_not_used(
-    sandbox: Runner, stack: Stack
-) -> None:
-    """Rules made ahead for an open session, taken by a locked one: its join compiles other
-    commands, so it removes those and makes its own: its ping, judged by the ruleset alone,
-    is refused (an open guest's is answered), and logged at the locked profile's site."""
-    ping = "ping -c 1 -W 1 198.51.100.10"
-    assert sandbox.sh(ping, mode="open").exit_code == 0  # an open guest's rules let it by
-    name = _ahead(stack)
-    r = sandbox.sh(ping, mode="locked")
-    assert name not in _warm(stack)["ready"]  # taken by the locked session
-    assert r.exit_code != 0  # not answered: refused by the locked rules
-    events = conns(sandbox.events(r), "198.51.100.10")
-    assert events and all(e.verdict == "deny" and e.reason == "deny.locked" for e in events)
-    _ahead(stack)  # and the next is made ahead again, for the locked profile now

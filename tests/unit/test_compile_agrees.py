@@ -16,25 +16,15 @@ fails here loudly instead of being skipped; what it leaves out is listed in its 
 from __future__ import annotations
 
 import ipaddress
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandgate.net.compile import (
-    PROXY_PORTS,
-    GuestLink,
-    Site,
-    base_ruleset,
-    guest_add,
-    split_ahead,
-    unmade_ahead,
-)
+from sandgate.net.compile import PROXY_PORTS, GuestLink, Site, base_ruleset, guest_add
 from sandgate.policy.classify import BLOCKS
 from sandgate.policy.decide import Attempt, Decision, at_address, decide
 from sandgate.policy.load import parse_policy
@@ -571,60 +561,3 @@ def test_grouped_address_rules_keep_decides_rule_and_order() -> None:
             compiled.check(pkt)
             d = compiled.decide(pkt)
             assert site_says(compiled, pkt) == (d.reason.key, d.rule_ref), pkt
-
-
-# -- a warm pool entry's rules made ahead (gateway/pool.py, issue 13) ----------------------
-
-
-@pytest.mark.parametrize("name", list(NAMED_PROFILES))
-def test_a_join_made_ahead_is_the_cold_join(name: str) -> None:
-    """``split_ahead``'s two batches are the cold join's commands, each once; the ruleset
-    after both agrees with decide() on every edge as the cold one does; with only the first
-    in, no packet from the link reaches anything, nor meets any of the guest's sites, at
-    either layer."""
-    profile = NAMED_PROFILES[name]
-    base, base_sites = base_ruleset(UPLINK, POOL, public_override=profile.public_override)
-    cmds, sites = guest_add(LINK, profile)
-    ahead, join = split_ahead(cmds)
-    assert sorted(map(json.dumps, ahead + join)) == sorted(map(json.dumps, cmds))
-    assert len(join) < len(cmds) // 4  # the join's batch is the small part
-    warm = Compiled(profile, Nft(base + ahead + join, {**base_sites, **sites}, LINK))
-    before = Nft(base + ahead, {**base_sites, **sites}, LINK)
-    own = {s.counter.removeprefix("c_") for s in sites.values()}  # the guest's sites
-    disagree, passed = [], []
-    for pkt in packets(profile):
-        try:
-            warm.check(pkt)
-        except AssertionError as exc:
-            disagree.append(str(exc))
-        # Each layer on its own: the link's base chain (no rule yet: its policy drops) and,
-        # as if a frame got past it, the inet table (no map element leads to the guest yet).
-        at_l2 = before.ingress(pkt)
-        at_l3 = before.inet.judge(pkt.on(LINK), before.local, LINK.gateway, LINK.gateway6)
-        if at_l2.kind != "drop" or at_l2.site is not None or at_l3[0] or at_l3[1].site in own:
-            passed.append(f"{pkt}: {at_l2}, {at_l3}")
-    assert not disagree, f"{len(disagree)} disagreements, e.g.\n" + "\n".join(disagree[:10])
-    assert not passed, f"{len(passed)} before the join, e.g.\n" + "\n".join(passed[:10])
-
-
-@pytest.mark.parametrize("name", list(NAMED_PROFILES))
-def test_what_is_made_ahead_is_what_unmade_ahead_removes(name: str) -> None:
-    """Every object the first batch makes, and nothing the join's adds (its map elements),
-    is what a warm entry that goes unjoined has removed."""
-    profile = NAMED_PROFILES[name]
-    cmds, sites = guest_add(LINK, profile)
-    ahead, _ = split_ahead(cmds)
-
-    def objects(op: str, batch: list[Any]) -> set[tuple[str, str, str]]:
-        return {
-            (kind, spec["family"], spec["name"])
-            for cmd in batch
-            for kind, spec in cmd.get(op, {}).items()
-            if kind != "rule"
-        }
-
-    made = objects("add", ahead)
-    gone = unmade_ahead(LINK, sites.values(), profile)
-    assert objects("delete", gone) == made
-    assert not any("element" in cmd.get("delete", {}) for cmd in gone)
-    assert {k for k, _, _ in made} >= {"chain", "counter"}

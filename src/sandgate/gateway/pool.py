@@ -95,8 +95,6 @@ class WarmPool:
         # stage: the guest's rules made ahead for a made entry (None: none); unstage: undone.
         self._stage, self._unstage = stage, unstage
         self._staging = False  # a stage() under way
-        self._closing = False
-        self.ahead_failed: str | None = None  # the last failure to make its rules ahead
         self.ready: list[Warm] = []
         self.taken: dict[str, Warm] = {}  # handed to a runner, its join not seen yet
         self.making: set[int] = set()
@@ -133,11 +131,9 @@ class WarmPool:
         return {
             "size": self.size,
             "ready": [w.netns for w in self.ready],
-            "ahead": [w.netns for w in self.ready if w.rules is not None],  # its rules made
             "taken": sorted(self.taken),
             "making": len(self.making),
             "failed": self.failed,
-            "ahead_failed": self.ahead_failed,
         }
 
     def claim(self, netns: str) -> Warm | None:
@@ -153,12 +149,11 @@ class WarmPool:
             try:
                 index = self._free_index(self.reserved())
             except SandgateError:
-                break  # the guest pool is full: joins come first
+                return  # the guest pool is full: joins come first
             self.making.add(index)
             task = asyncio.ensure_future(self._fill(index))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        self.stage_one()
 
     async def _fill(self, index: int) -> None:
         link = self._link_for(index)
@@ -173,35 +168,20 @@ class WarmPool:
             (self.folder / netns).unlink(missing_ok=True)
             self.making.discard(index)
             return
-        self.making.discard(index)
-        self.ready.append(Warm(index, link, netns, hold))
-        self.stage_one()
-
-    def stage_one(self) -> None:
-        """Make one ready entry's guest rules ahead (``stage``: for the last join's profile),
-        unless one has them or none can yet. One at most: each staged guest's rules make every
-        nft call and ruleset listing of the gateway cost more; ``take`` hands that one out."""
-        if self._stage is None or self._staging or self._closing or not self.ready:
-            return
-        if any(w.rules is not None for w in self.ready):
-            return
-        warm = self.ready.pop()  # out of reach of take meanwhile; its index stays reserved
-        self.making.add(warm.index)
-        self._staging = True
-        task = asyncio.ensure_future(self._stage_entry(warm))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _stage_entry(self, warm: Warm) -> None:
-        assert self._stage is not None
+        warm = Warm(index, link, netns, hold)
+        # Its rules made ahead, unless another ready one has them (``take`` hands that out).
+        stage = self._stage is not None and not (
+            self._staging or any(w.rules is not None for w in self.ready)
+        )
         try:
-            warm = replace(warm, rules=await self._stage(warm))
-        except Exception as exc:  # without them its join makes them all
-            self.ahead_failed = repr(exc)
-            sys.stderr.write(f"sandgate gateway: no warm guest rules ahead ({exc!r})\n")
+            if stage and self._stage is not None:  # its index reserved (making) meanwhile
+                self._staging = True
+                with contextlib.suppress(Exception):  # without them the join makes them all
+                    warm = replace(warm, rules=await self._stage(warm))
         finally:
-            self._staging = False
-            self.making.discard(warm.index)
+            if stage:
+                self._staging = False
+            self.making.discard(index)
         self.ready.append(warm)
 
     def _prune(self) -> None:
@@ -235,8 +215,7 @@ class WarmPool:
     async def close(self) -> None:
         """Remove every untaken namespace (the daemon stops); handed-out ones are their
         runners' to remove."""
-        self._closing = True  # no entry is staged from now on (it would be out of ready)
-        while self._tasks:
+        if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.failed = "closed"
         while self.ready:
