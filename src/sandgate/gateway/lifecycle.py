@@ -53,8 +53,6 @@ from sandgate.net.compile import (
     inspect_elements,
     pin_elements,
     pin_elements6,
-    split_ahead,
-    unmade_ahead,
 )
 from sandgate.net.links import Plumber, guest_mac
 from sandgate.net.nflog import NflogSocket
@@ -66,19 +64,6 @@ from sandgate.policy.profile import Profile
 EXPOSE_LISTEN_GRACE = 5.0  # seconds a guest has to start listening on an exposed port
 NFLOG_SETTLE = 0.015  # our NFLOG groups flush their batches after 10 ms (timeout 1 cs)
 NetlinkCall = Callable[..., Awaitable[Any]]
-# What a join's message says about its profile (profile_for): a warm entry's rules are made
-# ahead for the last join's, as a join asking the same would get them.
-_PROFILE_KEYS = ("policy", "profile", "mode", "allow", "deny", "ask")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Ahead:
-    """A warm entry's guest rules, made ahead (``split_ahead``): in the table, unreachable."""
-
-    cmds: list[dict[str, Any]]  # all guest_add emitted: a join that compiles the same uses them
-    join: list[dict[str, Any]]  # what that join still adds (map elements, base chain rules)
-    sites: dict[str, Site]
-    profile: Profile
 
 
 class Lifecycle:
@@ -117,12 +102,6 @@ class Lifecycle:
         # Packets of sites deleted since start, per (profile, rule, verdict, reason).
         self.retired: dict[tuple[str, str | None, str, str], int] = {}
         self._joining: set[int] = set()  # indexes of joins under way
-        self._last_ask: dict[str, Any] | None = None  # the last join's _PROFILE_KEYS
-        # A warm entry's rules are committed here (libnftables and the kernel release the
-        # GIL, and the loop is free meanwhile). One thread with its own context: an Nft is
-        # one thread's.
-        self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="nft-ahead")
-        self._ahead_nft: Nft | None = None
         # Ready namespaces with their links (pool.py); none on a gateway VM (handed links).
         warm = 0 if cfg.guest_links or cfg.uplink.kind == "handed" else cfg.warm_links
         self.warm = WarmPool(
@@ -136,8 +115,6 @@ class Lifecycle:
             lambda i: GuestLink.from_pool(self.pool, i, guest_mac(i)),
             nl,
             cleanup.own,
-            self._stage_warm,
-            self._unstage_warm,
         )
 
     # -- what a guest may do --------------------------------------------------------------------
@@ -316,8 +293,6 @@ class Lifecycle:
                     return {"guest": link.ifname, "address": str(link.guest)}
                 self.table.add(guest)
                 self.check.remember_policy(msg.get("policy"))
-                if not handed:  # the next warm entry's rules are made for this request
-                    self._last_ask = {k: msg.get(k) for k in _PROFILE_KEYS}
                 if not handed:  # handed guests come back from the daemon's own configuration
                     registry.save(self.cfg.run_dir, link.ifname, index, msg)
                 t.mark("table")
@@ -422,25 +397,8 @@ class Lifecycle:
                 await uid_log
                 t.mark("uid_log")
             cmds, sites = guest_add(link, profile, self.limits)
-            t.mark("compile")
-            ahead = warm.rules if warm is not None else None
-            try:
-                if isinstance(ahead, _Ahead) and ahead.cmds == cmds:  # what a cold join makes
-                    self.nft.run(batch(*ahead.join))
-                elif isinstance(ahead, _Ahead):  # made for another profile, or an old policy
-                    stale = unmade_ahead(link, ahead.sites.values(), ahead.profile)
-                    self.nft.run(batch(*stale, *cmds))  # one batch: the old out, the new in
-                    ahead = None
-                else:
-                    self.nft.run(batch(*cmds))
-            except BaseException:
-                if isinstance(ahead, _Ahead):  # nothing of this batch is in; those still are
-                    with contextlib.suppress(Exception):
-                        self.nft.run(
-                            batch(*unmade_ahead(link, ahead.sites.values(), ahead.profile))
-                        )
-                raise
-            t.mark("rules" if not isinstance(ahead, _Ahead) else "rules (made ahead)")
+            self.nft.run(batch(*cmds))
+            t.mark("rules")
             undo.append(lambda: self.nft.run(batch(*guest_remove(link, sites.values(), profile))))
             key = "|".join(
                 map(
@@ -492,44 +450,6 @@ class Lifecycle:
         if uidlog is not None:
             loop.add_reader(uidlog.fileno(), self.feed.read_guest, guest)
         return guest
-
-    async def _stage_warm(self, warm: Warm) -> _Ahead | None:
-        """A made warm entry's guest rules, for the last join's profile, made ahead and
-        unreachable (``split_ahead``: no map element leads to them, its link's base chain has
-        no rule). None before any join: the first join makes them all."""
-        ask = self._last_ask
-        if ask is None:
-            return None
-        policy = load_policy(ask.get("policy"))
-        self.check_wiring(policy)
-        profile = self.profile_for(ask, policy, warm.link)
-        cmds, sites = guest_add(warm.link, profile, self.limits)
-        first, join = split_ahead(cmds)
-        loop = asyncio.get_running_loop()
-        async with self._lock:  # a change to the gateway's rules, noted as every other
-            self.check.before_change()
-            try:
-                await loop.run_in_executor(self._ahead_thread, self._commit_ahead, first)
-            finally:
-                self.check.note()
-        return _Ahead(cmds, join, sites, profile)
-
-    async def _unstage_warm(self, warm: Warm) -> None:
-        """Remove a warm entry's rules made ahead (it goes unjoined)."""
-        ahead = warm.rules
-        if not isinstance(ahead, _Ahead):
-            return
-        async with self._lock:
-            self.check.before_change()
-            try:
-                self.nft.run(batch(*unmade_ahead(warm.link, ahead.sites.values(), ahead.profile)))
-            finally:
-                self.check.note()
-
-    def _commit_ahead(self, cmds: list[dict[str, Any]]) -> None:
-        if self._ahead_nft is None:
-            self._ahead_nft = Nft()
-        self._ahead_nft.run(batch(*cmds))
 
     def _make_warm(self, link: GuestLink, netns: str) -> bool:
         """A warm pool entry (on the netlink thread): a fresh namespace, the link, the uid-log

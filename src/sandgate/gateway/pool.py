@@ -26,7 +26,7 @@ import contextlib
 import secrets
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +65,6 @@ class Warm:
     link: GuestLink
     netns: str
     hold: bool = False  # the process hold's queue rules are in too (its join skips them)
-    rules: Any = None  # its guest rules made ahead, unreachable (the gateway's: lifecycle.py)
 
 
 class WarmPool:
@@ -85,16 +84,11 @@ class WarmPool:
         link_for: Callable[[int], GuestLink],
         nl: NetlinkCall,
         own: Callable[[str, int], None] = lambda name, pid: None,
-        stage: Callable[[Warm], Awaitable[Any]] | None = None,
-        unstage: Callable[[Warm], Awaitable[None]] | None = None,
     ) -> None:
         self.instance, self.size = instance, size
         self.folder = run_dir / WARM_DIR
         self._free_index, self._make, self._drop, self._link_for = free_index, make, drop, link_for
         self._nl, self._own = nl, own  # own: cleanup.own (not imported: cleanup finds manage)
-        # stage: the guest's rules made ahead for a made entry (None: none); unstage: undone.
-        self._stage, self._unstage = stage, unstage
-        self._staging = False  # a stage() under way
         self.ready: list[Warm] = []
         self.taken: dict[str, Warm] = {}  # handed to a runner, its join not seen yet
         self.making: set[int] = set()
@@ -115,10 +109,7 @@ class WarmPool:
         if not self.ready:
             self.refill()
             return None
-        # The one whose rules were made ahead, if any (one at most: each staged guest's rules
-        # make every nft call and ruleset listing of the gateway cost more).
-        first = next((i for i, w in enumerate(self.ready) if w.rules is not None), 0)
-        warm = self.ready.pop(first)
+        warm = self.ready.pop(0)
         self.taken[warm.netns] = warm
         asyncio.get_running_loop().call_later(REFILL_AFTER, self.refill)
         if owner is not None:
@@ -166,23 +157,10 @@ class WarmPool:
             self.failed = str(exc)
             sys.stderr.write(f"sandgate gateway: no warm guest namespace ({exc})\n")
             (self.folder / netns).unlink(missing_ok=True)
-            self.making.discard(index)
             return
-        warm = Warm(index, link, netns, hold)
-        # Its rules made ahead, unless another ready one has them (``take`` hands that out).
-        stage = self._stage is not None and not (
-            self._staging or any(w.rules is not None for w in self.ready)
-        )
-        try:
-            if stage and self._stage is not None:  # its index reserved (making) meanwhile
-                self._staging = True
-                with contextlib.suppress(Exception):  # without them the join makes them all
-                    warm = replace(warm, rules=await self._stage(warm))
         finally:
-            if stage:
-                self._staging = False
             self.making.discard(index)
-        self.ready.append(warm)
+        self.ready.append(Warm(index, link, netns, hold))
 
     def _prune(self) -> None:
         """Forget handed-out namespaces whose runner removed them without joining (it died or
@@ -197,20 +175,10 @@ class WarmPool:
 
     async def _forget(self, warm: Warm) -> None:
         try:
-            await self._unmake(warm)
+            with contextlib.suppress(Exception):
+                await self._nl(self._drop, warm.link, warm.netns)
         finally:
             self._forgetting.discard(warm.index)
-
-    async def _unmake(self, warm: Warm) -> bool:
-        """Its rules made ahead, then its namespace and link; whether those went."""
-        if warm.rules is not None and self._unstage is not None:
-            with contextlib.suppress(Exception):
-                await self._unstage(warm)
-        try:
-            await self._nl(self._drop, warm.link, warm.netns)
-        except Exception:
-            return False
-        return True
 
     async def close(self) -> None:
         """Remove every untaken namespace (the daemon stops); handed-out ones are their
@@ -220,9 +188,9 @@ class WarmPool:
         self.failed = "closed"
         while self.ready:
             warm = self.ready.pop()
-            if await self._unmake(warm):  # else it stays written down, for sweep
-                with contextlib.suppress(Exception):
-                    (self.folder / warm.netns).unlink(missing_ok=True)
+            with contextlib.suppress(Exception):
+                await self._nl(self._drop, warm.link, warm.netns)
+                (self.folder / warm.netns).unlink(missing_ok=True)
 
 
 __all__ = ["WARM_DIR", "Warm", "WarmPool", "sweep"]

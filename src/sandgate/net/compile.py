@@ -853,40 +853,6 @@ def guest_remove(link: GuestLink, sites: Iterable[Site], profile: Profile) -> li
     return cmds
 
 
-def split_ahead(cmds: list[Json]) -> tuple[list[Json], list[Json]]:
-    """``guest_add``'s commands in two batches, in order: what can be made ahead of the join,
-    where nothing can pass, count or log a packet (the guest's chains, sets and counters, and
-    the rules of its chains that nothing jumps to yet; its link's netdev base chain with no
-    rules, so its policy, drop, is all it does), and what the join adds: the shared maps'
-    elements that lead to those chains and the rules of that base chain. The second is
-    small: a base chain's hook, like every object, is made by the first (issue 13)."""
-    ahead: list[Json] = []
-    join: list[Json] = []
-    inner: set[tuple[str, str]] = set()  # (family, chain) made here with no hook
-    for cmd in cmds:
-        [(op, obj)] = cmd.items()
-        [(kind, spec)] = obj.items()
-        if op == "add" and kind in ("chain", "set", "counter"):
-            ahead.append(cmd)
-            if kind == "chain" and "hook" not in spec:
-                inner.add((spec["family"], spec["name"]))
-        elif op == "add" and kind == "rule" and (spec["family"], spec["chain"]) in inner:
-            ahead.append(cmd)
-        else:
-            join.append(cmd)
-    return ahead, join
-
-
-def unmade_ahead(link: GuestLink, sites: Iterable[Site], profile: Profile) -> list[Json]:
-    """Commands that remove what ``split_ahead`` made ahead, for a guest that never joined
-    with it: ``guest_remove`` but for the map elements it never had."""
-    return [
-        cmd
-        for cmd in guest_remove(link, sites, profile)
-        if not ("delete" in cmd and "element" in cmd["delete"])
-    ]
-
-
 def guest_uid_log(ipv6: bool = False) -> list[Json]:
     """The table in each guest's own namespace: log every new outbound flow with its uid.
 
