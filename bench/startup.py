@@ -183,6 +183,11 @@ def _runner_down(timings: Timings) -> dict[str, float]:
     if "sandbox exec" not in names:
         return {}
     out: dict[str, float] = {}
+    for p in timings.phases[: names.index("sandbox exec")]:
+        if p.steps:
+            out[f"runner up: {p.name}"] = p.wall_ms / 1e3
+        for step, ms in p.steps.items():  # the join's own steps (lock, policy, ..., rules)
+            out[f"gateway add_guest: {step}"] = ms / 1e3
     for p in timings.phases[names.index("sandbox exec") + 1 :]:
         out[f"runner down: {p.name}"] = p.wall_ms / 1e3
         out[f"runner down cpu: {p.name}"] = p.cpu_ms / 1e3
