@@ -41,10 +41,10 @@ WARM_DIR = "warm"
 # Seconds after a take or a join before making the next: made at once, it ran beside the
 # runner's set-up and cost it more than the link saved (netns and mount work, the daemon's GIL).
 REFILL_AFTER = 0.15
-# A due refill waits while the resolver answers more than QUIET_RATE questions a second (checked
-# every QUIET_CHECK s), for REFILL_LATEST s at most: the entry's making is pyroute2's Python on
-# the netlink thread (~20 ms CPU), and in a session's first 0.1-0.2 s at 20k cached questions a
-# second the loop met it in 0.5 ms GIL slices and its queue grew to 60-110 ms (issue 13).
+# Then it waits while the resolver answers more than QUIET_RATE questions a second (a window of
+# QUIET_CHECK s), REFILL_LATEST s at most: an entry is 13-28 ms of the netlink thread's CPU
+# (pyroute2, the GIL's), and 150 ms after a take it fell in the first 0.25 s of the command's
+# questions in 10 of 16 cached-20k sessions timed thread by thread (issue 13, NOTES).
 QUIET_RATE = 200.0
 QUIET_CHECK = 0.1
 REFILL_LATEST = 10.0
