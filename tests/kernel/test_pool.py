@@ -225,3 +225,27 @@ def test_a_fronted_name_reaches_the_front_from_every_guest_address(
         assert any(e.details.get("cached") for e in dns(events, "models.lan"))
         seen.add(src)
     assert len(seen) >= 2, f"every session had the same guest address: {seen}"
+
+
+def test_a_refill_held_back_by_a_burst_of_questions_still_comes(
+    sandbox: Runner, stack: Stack
+) -> None:
+    """The refill waits while the resolver answers fast (pool.QUIET_RATE): after a session
+    whose questions came well above that rate, the pool is full again, and the next session
+    runs in a warm namespace."""
+    size = int(_warm(stack)["size"])
+    _ready(stack, size)
+    script = (
+        "for i in $(seq 2000); do echo 'example.com A'; done > /tmp/q &&"
+        " dnsperf -s $(awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf) -d /tmp/q"
+        " -l 1 -Q 5000 -c 1 -q 100 > /tmp/out 2>&1 &&"
+        " awk '/Queries completed/ {ok = $3 > 1000} END {exit !ok}' /tmp/out"
+    )
+    r = sandbox.sh(script, mode="open")
+    assert r.exit_code == 0
+    asked = sum(e.count for e in dns(sandbox.events(r), "example.com"))
+    assert asked > 1000  # through the gateway's resolver, far above QUIET_RATE for a second
+    ready = _ready(stack, size, timeout=pool.REFILL_LATEST + 20)
+    after = sandbox.sh("true", mode="open")
+    assert after.exit_code == 0
+    assert set(ready) - set(_warm(stack)["ready"])  # it took one of them

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from sandgate.gateway import pool as poolmod
 from sandgate.gateway.guests import GuestTable
 from sandgate.gateway.pool import WARM_DIR, WarmPool
 from sandgate.net.compile import GuestLink
@@ -16,7 +20,9 @@ from sandgate.net.links import guest_mac
 POOL = ipaddress.ip_network("10.201.0.0/28")  # four slots, the last the canary's
 
 
-def _pool(tmp_path: Path, fail: bool = False) -> tuple[WarmPool, list[tuple[str, int, str]]]:
+def _pool(
+    tmp_path: Path, fail: bool = False, activity: Callable[[], int] = lambda: 0
+) -> tuple[WarmPool, list[tuple[str, int, str]]]:
     calls: list[tuple[str, int, str]] = []
     table = GuestTable(POOL)
 
@@ -42,6 +48,7 @@ def _pool(tmp_path: Path, fail: bool = False) -> tuple[WarmPool, list[tuple[str,
         drop,
         lambda i: GuestLink.from_pool(POOL, i, guest_mac(i)),
         nl,
+        activity=activity,
     )
     return pool, calls
 
@@ -96,5 +103,80 @@ def test_a_failed_make_leaves_nothing_and_stops_refilling(tmp_path: Path) -> Non
         await _settle(pool)
         assert len(calls) == made  # until a take says to try again
         assert pool.take() is None
+
+    asyncio.run(go())
+
+
+class _Questions:
+    """The resolver's question count, going up by ``step`` every time it is read."""
+
+    def __init__(self) -> None:
+        self.count, self.step = 0, 10**6
+
+    def __call__(self) -> int:
+        self.count += self.step
+        return self.count
+
+
+async def _until(pool: WarmPool, rounds: int = 400) -> None:
+    """Up to ``rounds`` short sleeps, until the pool is full (the timers are patched short)."""
+    for _ in range(rounds):
+        if len(pool.ready) == pool.size:
+            return
+        await asyncio.sleep(0.002)
+
+
+def test_a_refill_waits_while_questions_come_fast_and_then_happens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(poolmod, "REFILL_AFTER", 0.001)
+    monkeypatch.setattr(poolmod, "QUIET_CHECK", 0.001)
+    monkeypatch.setattr(poolmod, "REFILL_LATEST", 3600.0)
+
+    async def go() -> None:
+        questions = _Questions()
+        pool, calls = _pool(tmp_path, activity=questions)
+        pool.refill()
+        await _settle(pool)
+        name = pool.take()  # arms the refill
+        assert name is not None and len(pool.ready) == 1
+        assert pool.claim(name) is not None  # its join
+        pool.refill_soon(later=True)  # which moves the refill after itself; still one pending
+        checks = questions.count
+        await _until(pool, rounds=50)
+        assert questions.count > checks + questions.step  # it looked, more than once
+        assert len(pool.ready) == 1 and len(calls) == 2  # and made nothing while it was busy
+        questions.step = 0  # the resolver is quiet: the pending refill goes ahead
+        await _until(pool)
+        await _settle(pool)
+        assert len(pool.ready) == 2 and [c[0] for c in calls] == ["make"] * 3
+        assert pool._due is None
+        # The next runner takes the entry made so, and its join finds it.
+        pool.ready.pop(0)  # (the first entry's: its namespace is not real here)
+        again = pool.take()
+        assert again is not None and pool.claim(again) is not None
+        await pool.close()
+
+    asyncio.run(go())
+
+
+def test_a_busy_resolver_delays_a_refill_no_longer_than_refill_latest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(poolmod, "REFILL_AFTER", 0.001)
+    monkeypatch.setattr(poolmod, "QUIET_CHECK", 0.001)
+    monkeypatch.setattr(poolmod, "REFILL_LATEST", 0.02)
+
+    async def go() -> None:
+        pool, calls = _pool(tmp_path, activity=_Questions())  # never quiet
+        pool.refill()
+        await _settle(pool)
+        name = pool.take()
+        assert name is not None and len(pool.ready) == 1 and pool.claim(name) is not None
+        await _until(pool)
+        await _settle(pool)
+        assert len(pool.ready) == 2 and [c[0] for c in calls] == ["make"] * 3
+        await pool.close()
+        assert pool._due is None
 
     asyncio.run(go())

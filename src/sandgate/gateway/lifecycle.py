@@ -33,7 +33,7 @@ from sandgate.gateway.guests import Guest, GuestTable
 from sandgate.gateway.hostlo import HostLoopback, unserved
 from sandgate.gateway.logfeed import LogFeed
 from sandgate.gateway.logs.prochold import HOLD_QUEUE, ProcessHold, ProcessTable
-from sandgate.gateway.pool import REFILL_AFTER, Warm, WarmPool
+from sandgate.gateway.pool import Warm, WarmPool
 from sandgate.gateway.proxy.credentials import load_secrets, sandbox_view
 from sandgate.gateway.proxy.flow import ProxyGuest
 from sandgate.gateway.proxy.server import EXPLICIT_PORT, Proxy
@@ -115,6 +115,7 @@ class Lifecycle:
             lambda i: GuestLink.from_pool(self.pool, i, guest_mac(i)),
             nl,
             cleanup.own,
+            lambda: self.resolver.questions,  # a refill waits while questions come fast
         )
 
     # -- what a guest may do --------------------------------------------------------------------
@@ -244,8 +245,8 @@ class Lifecycle:
         finally:
             if warm is not None:
                 self._joining.discard(warm.index)
-            # The next warm one, once the runner's own set-up is past (it runs beside it).
-            asyncio.get_running_loop().call_later(REFILL_AFTER, self.warm.refill)
+            # The next warm one, once the runner's set-up and its first questions are past.
+            self.warm.refill_soon(later=True)
         return reply
 
     async def _add(

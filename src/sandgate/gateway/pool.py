@@ -41,6 +41,13 @@ WARM_DIR = "warm"
 # Seconds after a take or a join before making the next: made at once, it ran beside the
 # runner's set-up and cost it more than the link saved (netns and mount work, the daemon's GIL).
 REFILL_AFTER = 0.15
+# Then it waits while the resolver answers more than QUIET_RATE questions a second (a window of
+# QUIET_CHECK s), REFILL_LATEST s at most: an entry is 13-28 ms of the netlink thread's CPU
+# (pyroute2, the GIL's), and 150 ms after a take it fell in the first 0.25 s of the command's
+# questions in 10 of 16 cached-20k sessions timed thread by thread (issue 13, NOTES).
+QUIET_RATE = 200.0
+QUIET_CHECK = 0.1
+REFILL_LATEST = 10.0
 
 
 def sweep(run_dir: Path) -> list[str]:
@@ -84,6 +91,7 @@ class WarmPool:
         link_for: Callable[[int], GuestLink],
         nl: NetlinkCall,
         own: Callable[[str, int], None] = lambda name, pid: None,
+        activity: Callable[[], int] = lambda: 0,
     ) -> None:
         self.instance, self.size = instance, size
         self.folder = run_dir / WARM_DIR
@@ -95,6 +103,8 @@ class WarmPool:
         self._forgetting: set[int] = set()  # handed out and gone: reserved until the link is
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed: str | None = None  # the last failure to make one (refills stop until a take)
+        self._activity = activity  # a count that grows with the work a refill would slow (DNS)
+        self._due: asyncio.TimerHandle | None = None  # the pending refill_soon
 
     def reserved(self) -> set[int]:
         """Indexes no join may choose: ready, handed out, or being made."""
@@ -111,7 +121,7 @@ class WarmPool:
             return None
         warm = self.ready.pop(0)
         self.taken[warm.netns] = warm
-        asyncio.get_running_loop().call_later(REFILL_AFTER, self.refill)
+        self.refill_soon()
         if owner is not None:
             self._own(warm.netns, owner)
         (self.folder / warm.netns).unlink(missing_ok=True)  # the runner's now, not ours
@@ -130,6 +140,28 @@ class WarmPool:
     def claim(self, netns: str) -> Warm | None:
         """The entry a join names, once: None for a namespace the runner made itself."""
         return self.taken.pop(netns, None)
+
+    def refill_soon(self, later: bool = False) -> None:
+        """Refill once REFILL_AFTER has passed and then QUIET_CHECK with the resolver quiet
+        (QUIET_RATE), REFILL_LATEST after that at the latest. One pending at a time: a take
+        arms it, its join (``later``: the command starts now) moves it after itself."""
+        loop = asyncio.get_running_loop()
+        if self._due is not None:
+            if not later:
+                return
+            self._due.cancel()
+        deadline = loop.time() + REFILL_AFTER + REFILL_LATEST
+        self._due = loop.call_later(REFILL_AFTER, self._when_quiet, None, 0.0, deadline)
+
+    def _when_quiet(self, count: int | None, since: float, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        now, now_count = loop.time(), self._activity()
+        quiet = count is not None and now_count - count <= QUIET_RATE * (now - since)
+        if quiet or now >= deadline:
+            self._due = None
+            self.refill()
+            return
+        self._due = loop.call_later(QUIET_CHECK, self._when_quiet, now_count, now, deadline)
 
     def refill(self) -> None:
         """Start making entries up to ``size`` (called after a reply: never on a join's path)."""
@@ -183,6 +215,9 @@ class WarmPool:
     async def close(self) -> None:
         """Remove every untaken namespace (the daemon stops); handed-out ones are their
         runners' to remove."""
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.failed = "closed"
