@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sandgate.sandbox import limits
 from sandgate.vm import qemu
 from sandgate.vm.launch import VmOptions
 from tests.kernel.conftest import Runner
@@ -58,4 +59,6 @@ def test_limits_on_a_cgroup_v2_kernel(sandbox: Runner) -> None:
     assert mem["removed"]
     gw = got["gateway"]
     assert gw["memory.min"] == str(64 << 20) and gw["holds_daemon"], gw
+    assert gw["cpu.weight"] == str(100 * limits.GATEWAY_CPU_WEIGHT), gw
+    assert not [n for n in gw["notes"] if "CPU weight" in n], gw
     assert gw["oom_score_adj"] == "-900" and gw["removed"], gw

@@ -166,6 +166,12 @@ def test_the_gateway_is_protected(sandbox: Runner) -> None:
     assert gw.pid in limits._procs(h.dirs["memory"] / name)
     if h.version == 2:
         assert int((h.dirs["memory"] / name / "memory.min").read_text()) == limits.GATEWAY_RESERVE
+    # Its CPU weight over a sandbox's: an agent keeping every core busy does not make every
+    # other agent's DNS and proxy wait their turn (issue 13).
+    knob = "cpu.weight" if h.version == 2 else "cpu.shares"
+    assert gw.pid in limits._procs(h.dirs["cpu"] / name)
+    weight = int((h.dirs["cpu"] / name / knob).read_text())
+    assert weight == limits.GATEWAY_CPU_WEIGHT * (100 if h.version == 2 else 1024)
 
 
 def test_cleanup_removes_a_dead_sessions_cgroup() -> None:

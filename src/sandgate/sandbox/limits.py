@@ -48,6 +48,10 @@ SANDBOX_OOM_SCORE = 500  # the kernel's OOM killer picks a sandbox before anythi
 GATEWAY_OOM_SCORE = -900  # and the gateway daemon last
 TOO_SMALL = 32 << 20  # an OOM kill under this much: the command could not even start
 GATEWAY_RESERVE = 64 << 20  # memory reclaim leaves the daemon this much (memory.min / soft)
+# The gateway's CPU weight, as a multiple of a sandbox's (the kernel's default): every agent's
+# DNS, proxy and logging wait on its threads, so a sandbox that keeps both cores busy
+# (`make -j`) must not make them wait their turn as one group among many (issue 13, NOTES).
+GATEWAY_CPU_WEIGHT = 8
 REASON_PIDS = "limit.pids"
 REASON_MEMORY = "limit.memory"
 V1_CONTROLLERS = ("pids", "memory", "cpu", "blkio")
@@ -316,7 +320,8 @@ def _apply(cg: Cgroup) -> None:
 
 
 def protect_gateway(instance: str, pid: int, hierarchy: Hierarchy | None = None) -> list[str]:
-    """Give the gateway daemon its own cgroup with reserved memory and an OOM score of -900.
+    """Give the gateway daemon its own cgroup with reserved memory, GATEWAY_CPU_WEIGHT times a
+    sandbox's CPU weight, and an OOM score of -900.
     Returns what could not be done (the daemon still runs: it is protected as far as the host
     allows, and says how far)."""
     notes: list[str] = []
@@ -345,6 +350,18 @@ def protect_gateway(instance: str, pid: int, hierarchy: Hierarchy | None = None)
             _write(d / "cgroup.procs", pid)
     except OSError as exc:
         notes.append(f"gateway cgroup: {exc.strerror} ({exc.filename})")
+        return notes
+    cpu = cg.dir("cpu")
+    if cpu is not None:  # v2 cpu.weight (default 100), v1 cpu.shares (default 1024)
+        knob, base = ("cpu.weight", 100) if h.version == 2 else ("cpu.shares", 1024)
+        try:
+            if h.version == 2:  # the gateway may come up before any sandbox enabled it
+                _enable_v2(h.dirs["cpu"], ["cpu"])
+            _write(cpu / knob, base * GATEWAY_CPU_WEIGHT)
+        except LimitsError as exc:
+            notes.append(f"gateway CPU weight: {exc}")
+        except OSError as exc:
+            notes.append(f"gateway CPU weight: {exc.strerror} ({exc.filename})")
     return notes
 
 

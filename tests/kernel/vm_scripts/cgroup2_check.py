@@ -57,6 +57,7 @@ gw = Path(h.dirs["memory"]) / f"{limits.GATEWAY_PREFIX}v2check"
 out["gateway"] = {
     "notes": notes,
     "memory.min": (gw / "memory.min").read_text().strip(),
+    "cpu.weight": (gw / "cpu.weight").read_text().strip(),
     "holds_daemon": str(daemon.pid) in (gw / "cgroup.procs").read_text().split(),
     "oom_score_adj": Path(f"/proc/{daemon.pid}/oom_score_adj").read_text().strip(),
 }
