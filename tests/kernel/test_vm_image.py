@@ -126,9 +126,9 @@ def test_an_image_that_never_reads_the_seed_is_said_and_removed(
     # The kernel's console lines (the image's command line is not quiet) come within seconds:
     # what the wait is for is the seed's mark, which never comes. The message below is the one
     # for an image that printed something; one that printed nothing gets another.
-    result = sandbox("true", mode="locked", vm=VmOptions(image=own, boot_timeout=20), timeout=200)
+    result = sandbox("true", mode="locked", vm=VmOptions(image=own, boot_timeout=10), timeout=200)
     assert result.exit_code == 125
-    assert "cloud-init in the image did not run the seed within 20 s" in (result.message or "")
+    assert "cloud-init in the image did not run the seed within 10 s" in (result.message or "")
     assert "install cloud-init" in (result.message or "")
     assert_nothing_left(result.session)
 

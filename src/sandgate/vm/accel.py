@@ -24,7 +24,8 @@ class Accel:
     def qemu_args(self) -> list[str]:
         if self.name == "kvm":
             return ["-accel", "kvm", "-cpu", "host"]
-        # TCG: one vCPU thread; "max" gives the guest every feature TCG emulates.
+        # TCG: a host thread per vCPU (multi-threaded TCG, the default for x86 on x86); "max"
+        # gives the guest every feature TCG emulates.
         return ["-accel", "tcg", "-cpu", "max"]
 
 

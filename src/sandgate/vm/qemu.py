@@ -8,6 +8,7 @@ with ``uid``, dropped to it by setpriv). Every word in it is quoted with ``shlex
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ QEMU = "qemu-system-x86_64"
 MARKER = "sandgate-vm"  # in QEMU's -name, so `sandgate cleanup` knows the process is ours
 GUEST_ROOT = "/newroot"  # where init builds the command's root
 MEMORY_MB = 512
+# Two vCPUs where the host has two cores: under TCG each is a host thread of its own (QEMU's
+# multi-threaded TCG), so an agent's parallel work (a build, prove's probes) is not serialised
+# on one; prove as root in a TCG guest took 29.3 s with one, 21.4 s with two (docs/NOTES.md).
+VCPUS = min(2, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class VmSpec:
     nic: Nic | Channel | None  # None: no network device at all
     runas: int | None = None  # QEMU drops to this uid:gid once it has opened its files
     memory_mb: int = MEMORY_MB
+    vcpus: int = VCPUS
     drives: Drives | None = None  # --image; kernel/initrd then the user's, or None: its own
 
 
@@ -91,8 +97,10 @@ def image_cmdline(root: str) -> str:
 # measured on Debian's 6.1 kernel, 2026-12-02 (docs/NOTES.md): PCI interrupts from the BIOS's
 # $PIR table, not ACPI's interrupt links (evaluating their AML as virtio_pci probes each device
 # took ~1.6 s), and no crypto self-tests at boot (~1 s). Not acpi=off: without ACPI's HPET the
-# guest cannot calibrate its TSC and keeps time in 4 ms jiffies.
-TCG_CMDLINE = ("pci=noacpi", "cryptomgr.notests")
+# guest cannot calibrate its TSC and keeps time in 4 ms jiffies. tsc=reliable: with two vCPUs
+# the guest's TSC sync check fails under TCG and time falls back to the HPET, an emulated MMIO
+# read per clock read; TCG derives every vCPU's TSC from one host clock, so they agree.
+TCG_CMDLINE = ("pci=noacpi", "cryptomgr.notests", "tsc=reliable")
 
 
 def kernel_cmdline(nic: Nic | Channel | None, accel: Accel | None = None) -> str:
@@ -120,7 +128,7 @@ def argv(spec: VmSpec, console_log: Path) -> list[str]:
         "-no-reboot",
         *spec.accel.qemu_args(),
         "-smp",
-        "1",
+        str(spec.vcpus),
         "-m",
         str(spec.memory_mb),
     ]
