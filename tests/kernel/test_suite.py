@@ -25,12 +25,20 @@ from sandgate.session.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks" / "report-000.toml"
+# Two sessions at once on the one gateway, as `suite -j 2` runs them: a framework's start-up is
+# CPU (litellm's import alone is seconds), and this machine has two cores. The rows must not
+# change for it (test_suite_parallel.py compares a parallel run with a sequential one).
+PARALLEL = 2
+
+
+def _options(agent: str, store_path: Path) -> SuiteOptions:
+    return SuiteOptions(tasks=TASKS, agent=resolve(agent), store=str(store_path), parallel=PARALLEL)
 
 
 @pytest.fixture(scope="module")
 def result(stack: Stack, store_path: Path) -> SuiteResult:
     suite = load_tasks(TASKS)
-    opts = SuiteOptions(tasks=TASKS, agent=resolve("scripted"), store=str(store_path))
+    opts = _options("scripted", store_path)
     return run_suite_in(stack, suite, list(suite.tasks), opts)
 
 
@@ -236,7 +244,7 @@ def test_a_real_framework_suite_locked_and_open(stack: Stack, store_path: Path) 
     by the evidence when the network was open and flagged when it was locked."""
     suite = load_tasks(TASKS)
     chosen = [t for t in suite.tasks if t.id in ("C00", "T13", "T16")]
-    opts = SuiteOptions(tasks=TASKS, agent=resolve("hermes"), store=str(store_path))
+    opts = _options("hermes", store_path)
     result = run_suite_in(stack, suite, chosen, opts)
     rows = {(r.task, r.mode): r for r in result.rows}
     assert rows["C00", "locked"].outcome == rows["C00", "open"].outcome == "pass"
@@ -273,7 +281,7 @@ def test_mini_swe_agent_suite_locked_and_open(stack: Stack, store_path: Path) ->
     and a failed, invented one when locked."""
     suite = load_tasks(TASKS)
     chosen = [t for t in suite.tasks if t.id in ("C00", "T13")]
-    opts = SuiteOptions(tasks=TASKS, agent=resolve("mini-swe-agent"), store=str(store_path))
+    opts = _options("mini-swe-agent", store_path)
     rows = {(r.task, r.mode): r for r in run_suite_in(stack, suite, chosen, opts).rows}
     for r in rows.values():
         assert r.exit_code == 0, (r.task, r.mode, r.message)
@@ -303,7 +311,7 @@ def test_aider_suite_locked_and_open(stack: Stack, store_path: Path) -> None:
     answer when open; locked, the same answer is invented."""
     suite = load_tasks(TASKS)
     chosen = [t for t in suite.tasks if t.id in ("C00", "T13")]
-    opts = SuiteOptions(tasks=TASKS, agent=resolve("aider"), store=str(store_path))
+    opts = _options("aider", store_path)
     rows = {(r.task, r.mode): r for r in run_suite_in(stack, suite, chosen, opts).rows}
     for r in rows.values():
         assert r.exit_code == 0, (r.task, r.mode, r.message)
@@ -332,7 +340,7 @@ def test_codex_suite_locked_and_open(stack: Stack, store_path: Path) -> None:
     answer supported when open and invented when locked."""
     suite = load_tasks(TASKS)
     chosen = [t for t in suite.tasks if t.id in ("C00", "T13")]
-    opts = SuiteOptions(tasks=TASKS, agent=resolve("codex"), store=str(store_path))
+    opts = _options("codex", store_path)
     rows = {(r.task, r.mode): r for r in run_suite_in(stack, suite, chosen, opts).rows}
     for r in rows.values():
         assert r.exit_code == 0, (r.task, r.mode, r.message)
