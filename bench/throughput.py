@@ -54,7 +54,7 @@ STREAMS = int(os.environ.get("SANDGATE_TP_STREAMS", "1"))
 BULK_PORT = 9000
 BULK_URL = f"http://{UPSTREAM}:{BULK_PORT}/"
 CLIENT_BOUND = 0.9  # cores: at this, curl is the bottleneck of its side
-CURL_FMT = r"%{size_download} %{time_total}\n"
+CURL_FMT = r"%{size_download} %{time_total} %{time_starttransfer}\n"
 
 # ``par N cmd...``: N copies at once (bash's ``time`` counts every child it reaped).
 LIB = SCRIPT_LIB + 'par() { n=$1; shift; for _ in $(seq "$n"); do "$@" & done; wait; }\n'
@@ -74,11 +74,13 @@ def transfer_line(tag: str, side: str, url: str, curl: list[str], streams: int) 
 
 def judge_step(step: Step, sampler: Sampler, server: str) -> dict[str, Any]:
     """One transfer (all its streams): MB/s over the step's wall time, and CPU per side."""
-    got = [line.split() for line in step.out.splitlines() if len(line.split()) == 2]
+    got = [line.split() for line in step.out.splitlines() if len(line.split()) == 3]
     nbytes = sum(float(f[0]) for f in got)
     wall = max(step.end - step.start, 1e-9)
     # One stream: curl's own time (no bash fork in it); several: the step's wall clock.
     seconds = float(got[0][1]) if len(got) == 1 else wall
+    # Until the first byte: connect, the new flow's logging and verdicts, the request.
+    setup = max((float(f[2]) for f in got), default=math.nan)
     w = sampler.window(step.start, step.end)
     cores = {
         "client": step.cpu / wall,
@@ -97,6 +99,7 @@ def judge_step(step: Step, sampler: Sampler, server: str) -> dict[str, Any]:
         "MB_s": nbytes / seconds / 1e6 if seconds > 0 else 0.0,
         "bytes": nbytes,
         "seconds": seconds,
+        "setup_ms": setup * 1e3,
         "ok": len(got) >= 1 and all(float(f[0]) >= SIZE for f in got),
         "error": step.err.strip()[:300],
         "cores": cores,
@@ -117,6 +120,7 @@ def side_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "p10_MB_s": pct(rates, 10),
         "p90_MB_s": pct(rates, 90),
         "cpu_s_per_GB": median([r["cpu_s_per_GB"] for r in runs]),
+        "setup_ms": median([r["setup_ms"] for r in runs]),
         "cpu_s_per_GB_by": by,  # client, server, gateway, softirq, all (medians)
         "cores": cores,  # medians over the runs
         "runs": runs,
