@@ -184,6 +184,9 @@ def rows(parts: dict[str, Any]) -> list[dict[str, Any]]:
                 f" | added CPU {pairs['added_cpu_s_per_GB']:+.2f} s/GB"
                 f" (p10-p90 {pairs['added_cpu_p10']:+.2f}..{pairs['added_cpu_p90']:+.2f})"
                 f" | CPU s/GB {ours['cpu_s_per_GB']:.2f} vs {peer['cpu_s_per_GB']:.2f}"
+                # under contention a side's curl may get less of a core (its cgroup's share):
+                # then the ratio is the scheduler's, not the path's
+                f" | curl cores {ours['cores']['client']:.2f} vs {peer['cores']['client']:.2f}"
                 + (f" | CLIENT-BOUND ({', '.join(bound)}: curl >= 0.9 core):"
                    " MB/s is what curl takes" if bound else "")
                 + f" | limit: {ours['limit']} | peer: {peer['limit']}",
