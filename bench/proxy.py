@@ -18,10 +18,10 @@ events), in a sandbox or in the peer guest, each over its own veth to its next h
     (i) srt         srt 0.0.83 (sandbox-runtime) started in the peer guest, the client inside
                     its sandbox: curl → socat → srt's HTTP proxy (node) → CONNECT out
 
-Three measurements per path: 256 MiB with curl, 10 rounds (the first path of a round alternating
-ends: the kernel path and sandgate's passthrough are neighbours in the list, so each round holds
-one back-to-back pair of them, either way round; ``bulk.pairs`` is the median and p10-p90 of each
-path's per-round ratio to the kernel path), 2,000 small keep-alive requests on
+Three measurements per path: 256 MiB with curl, 10 rounds (``round_order``: the kernel path and
+sandgate's passthrough run back to back, the first of them alternating round by round, the list
+from alternating ends; ``bulk.pairs`` is the median and p10-p90 of each path's per-round ratio
+to the kernel path), 2,000 small keep-alive requests on
 one connection (curl's per-transfer time, the first dropped: it carries the handshake; fewer,
 at least 50 a round, on a path too slow to make them in 6 s), and SSE events stamped by the
 server (delay = arrival - stamp, one clock). Paths are interleaved, round by round, through one
@@ -436,9 +436,7 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
                     sampler.extra = {"srt": TreeCPU(agents[side].pid)}
             for r in range(plan.bulk):
                 log(f"proxy: {SIZE >> 20} MiB, round {r + 1} of {plan.bulk}")
-                # Alternate ends: neighbours in the list (kernel, sg-kernel) run back to back,
-                # the first of them alternating round by round.
-                for p in specs if r % 2 == 0 else specs[::-1]:
+                for p in round_order(specs, r):
                     agents[p.side].do(bulk_line(p, ca))
             for r in range(plan.rt_rounds):
                 log(f"proxy: keep-alive round trips, round {r + 1} of {plan.rt_rounds}")
@@ -479,6 +477,18 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
         "paths": results,
         "goals": goals(results),
     }
+
+
+PAIRED = ("kernel", "sg-kernel")  # run back to back every round: issue 13's closest pair
+
+
+def round_order(specs: list[PathSpec], r: int) -> list[PathSpec]:
+    """Round ``r``'s order: the list with ``PAIRED`` made neighbours, from alternating ends, so
+    the pair runs back to back and its first alternates round by round."""
+    rest = [p for p in specs if p.key != PAIRED[1]]
+    at = next((i for i, p in enumerate(rest) if p.key == PAIRED[0]), len(rest) - 1)
+    order = rest[: at + 1] + [p for p in specs if p.key == PAIRED[1]] + rest[at + 1 :]
+    return order if r % 2 == 0 else order[::-1]
 
 
 def pairs(ours: dict[str, Any], kernel: dict[str, Any]) -> dict[str, Any]:

@@ -90,3 +90,19 @@ def test_client_bound_is_said() -> None:
     assert got["client_bound"]
     assert got["limit"].startswith("client-bound: curl 0.95")
     assert not throughput.side_summary(runs[2:])["client_bound"]
+
+
+def test_proxy_rounds_pair_the_kernel_paths_back_to_back() -> None:
+    def spec(key: str) -> proxy.PathSpec:
+        return proxy.PathSpec(key, key, "cl", (), None, None)
+
+    specs = [spec(k) for k in ("source", "kernel", "mitm-pass", "sg-kernel", "srt")]
+    firsts = []
+    for r in range(4):
+        keys = [p.key for p in proxy.round_order(specs, r)]
+        assert sorted(keys) == sorted(p.key for p in specs)  # every path once a round
+        i = keys.index("kernel")
+        assert "sg-kernel" in (keys[i - 1 : i] + keys[i + 1 : i + 2])  # neighbours
+        firsts.append(min(("kernel", "sg-kernel"), key=keys.index))
+    assert firsts == ["kernel", "sg-kernel"] * 2
+    assert [p.key for p in proxy.round_order([spec("kernel")], 1)] == ["kernel"]
