@@ -49,7 +49,7 @@ from sandgate.world.topology import HOSTS
 
 UID = 61000
 SIZE = int(os.environ.get("SANDGATE_TP_SIZE", str(256 << 20)))  # bytes a transfer (each stream)
-ROUNDS, QUICK_ROUNDS = 12, 4
+ROUNDS, QUICK_ROUNDS = int(os.environ.get("SANDGATE_TP_ROUNDS", "12")), 4
 STREAMS = int(os.environ.get("SANDGATE_TP_STREAMS", "1"))
 BULK_PORT = 9000
 BULK_URL = f"http://{UPSTREAM}:{BULK_PORT}/"
