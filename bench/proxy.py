@@ -52,7 +52,7 @@ from bench.stack import UPSTREAM, BenchStack, bench_stack
 from bench.tls_source import ADDRESS, NAME
 from sandgate.session.runner import RunOptions, run_in
 
-SIZE = 256 << 20  # a bulk transfer: as steady per transfer as 1 GiB (docs/NOTES.md, 2026-12-02)
+SIZE = 256 << 20  # a bulk transfer: its fixed part is 1-2 % of it (docs/NOTES.md, 2026-12-02)
 CLIENT_BOUND = 0.9  # cores: at this, curl is its path's bottleneck
 GOALS = {  # issue 13's
     "pass_vs_kernel": 0.95,

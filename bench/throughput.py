@@ -20,9 +20,10 @@ whose speed moves 2x within an hour, read 0.73x and 1.17x an hour apart). Both c
 put (proxy_agents.py: one sandbox session, one shell in the peer guest), and each round is a
 pair of transfers taken back to back, the first of the pair alternating round by round, so a
 neighbour's load falls on both sides of a pair alike. The row's ratio is the median of the
-per-pair ratios, with their p10-p90 beside it. Transfers are 256 MiB (``SIZE``): the
-per-transfer rate at 256 MiB is within a few per cent of 1 GiB's (checked 2026-12-02, see
-docs/NOTES.md), so twelve short pairs fit where three long ones did.
+per-pair ratios, with their p10-p90 beside it. Transfers are 256 MiB (``SIZE``): a
+transfer's fixed part (connect, the new flow's verdicts, first byte: ``setup_ms``, 4 ms
+through sandgate, 1.5 ms routed on 2026-12-02) is 1-2 % of it, so twelve short pairs fit where
+three long ones did (256 MiB vs 1 GiB pairs: docs/NOTES.md).
 
 CPU per GB, each side: the client (bash's ``time`` around the step: exact), the server and the
 gateway daemon (/proc ticks, sampled every 50 ms), the machine's softirq and busy time (which
