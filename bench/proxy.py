@@ -17,6 +17,10 @@ events), in a sandbox or in the peer guest, each over its own veth to its next h
     (g) squid-tunnel  peer guest → squid CONNECT;  (h) squid-bump: squid ssl-bump
     (i) srt         srt 0.0.83 (sandbox-runtime) started in the peer guest, the client inside
                     its sandbox: curl → socat → srt's HTTP proxy (node) → CONNECT out
+    (j) haproxy-tcp / haproxy-splice / socat-tcp  peer guest → a plain TCP relay on the peer
+                    gateway (HAProxy 2.6 ``mode tcp``, without and with ``splice-auto``; socat):
+                    no CONNECT, the client dials the relay (``--connect-to``); what a tunnel is
+                    after its handshake, so the floor of any userspace relay here. No SSE.
 
 Three measurements per path: 1 GiB with curl (median of 3), 2,000 small keep-alive requests on
 one connection (curl's per-transfer time, the first dropped: it carries the handshake; fewer,
@@ -109,6 +113,14 @@ def paths(peers: Peers) -> list[PathSpec]:
             out.append(
                 PathSpec(key, label, "cl", ("-x", f"http://{proxy}"), ("--proxy", proxy), proc)
             )
+    for key, label, proc in (
+        ("haproxy-tcp", "(j) HAProxy TCP relay (no CONNECT)", "haproxy"),
+        ("haproxy-splice", "(j) HAProxy TCP relay, splice-auto (no CONNECT)", "haproxy"),
+        ("socat-tcp", "(j) socat TCP relay (no CONNECT)", "socat"),
+    ):
+        if key in peers.proxies:
+            to = ("--connect-to", f"{NAME}:443:{peers.proxies[key]}")
+            out.append(PathSpec(key, label, "cl", to, None, proc))
     if SRT.exists():
         out.append(PathSpec("srt", "(i) srt (sandbox-runtime) HTTP proxy", "srt", (),
                             ("--proxy-env",), "srt"))  # fmt: skip
@@ -412,11 +424,12 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
     failures: list[str] = []
     # One round visits every path once, so slow drift in a neighbour's load is shared by all.
     with Sampler(pids) as sampler, stdout_to(bs.base / "sessions.out"):
+        sampler.extra = {role: TreeCPU(pid) for role, pid in peers.trees.items()}
         try:
             for side in dict.fromkeys(p.side for p in specs):
                 agents[side] = start_agent(bs, side, failures)
                 if side == "srt":
-                    sampler.extra = {"srt": TreeCPU(agents[side].pid)}
+                    sampler.extra = {**sampler.extra, "srt": TreeCPU(agents[side].pid)}
             for r in range(plan.bulk):
                 log(f"proxy: 1 GiB, round {r + 1} of {plan.bulk}")
                 for p in specs:
