@@ -29,6 +29,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +40,9 @@ from bench.tls_source import ADDRESS, wait_tcp
 MITM_VENV = Path(os.environ.get("SANDGATE_BENCH_VENV", "/opt/sandgate/bench-venv"))
 LISTEN = PEER_LINK[0]
 PORTS = {"mitm-pass": 8080, "mitm-intercept": 8081, "squid-tunnel": 3128, "squid-bump": 3129,
-         "haproxy-tcp": 3130, "haproxy-splice": 3131, "socat-tcp": 3132}  # fmt: skip
-RELAYS = ("haproxy-tcp", "haproxy-splice", "socat-tcp")  # no CONNECT: the client dials them
+         # plain TCP relays, no CONNECT: the client dials them
+         "haproxy-tcp": 3130, "haproxy-splice": 3131, "socat-tcp": 3132,
+         "hub-tcp": 3133}  # fmt: skip
 CERTGEN = "/usr/lib/squid/security_file_certgen"
 
 SQUID_CONF = """\
@@ -221,6 +223,19 @@ def _start_relays(bs: BenchStack, peers: Peers, base: Path) -> None:
     else:
         why = "haproxy not installed (apt-get install haproxy; do not enable its service)"
         peers.missing.update({"haproxy-tcp": why, "haproxy-splice": why})
+    # sandgate's own hub as the same kind of peer (bench/relayfloor.py's accept loop, this tree's
+    # relay.py): the same hops as HAProxy's, so the difference is the relays' alone.
+    tree = Path(__file__).resolve().parents[1]
+    hub = bs.net.spawn_in(
+        bs.router_ns,
+        ["env", f"PYTHONPATH={tree}/src:{tree}", sys.executable, "-m", "bench.relayfloor",
+         "--hub", LISTEN, str(PORTS["hub-tcp"]), ADDRESS, "443"],
+        stdout=open(base / "hub.log", "wb"),  # noqa: SIM115 - the child's
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    wait_tcp(bs.net, bs.router_ns, f"{LISTEN}:{PORTS['hub-tcp']}", hub, 30)
+    peers.pids["hub"] = hub.pid
+    peers.proxies["hub-tcp"] = f"{LISTEN}:{PORTS['hub-tcp']}"
     socat = shutil.which("socat") or ""
     if socat:
         listen = f"TCP-LISTEN:{PORTS['socat-tcp']},bind={LISTEN},reuseaddr,fork"

@@ -117,6 +117,7 @@ def paths(peers: Peers) -> list[PathSpec]:
         ("haproxy-tcp", "(j) HAProxy TCP relay (no CONNECT)", "haproxy"),
         ("haproxy-splice", "(j) HAProxy TCP relay, splice-auto (no CONNECT)", "haproxy"),
         ("socat-tcp", "(j) socat TCP relay (no CONNECT)", "socat"),
+        ("hub-tcp", "(j) sandgate's hub as a TCP relay (no CONNECT)", "hub"),
     ):
         if key in peers.proxies:
             to = ("--connect-to", f"{NAME}:443:{peers.proxies[key]}")
@@ -532,7 +533,8 @@ def goals(r: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         target = GOALS["pass_added_us"]
         note = (f"{floor_key}; sg-connect {added('sg-connect'):+.0f} µs, sg-kernel"
                 f" {added('sg-kernel'):+.0f} (the sandbox's own hops); CPU s/GB {floor_key}"
-                f" {cpu(floor_key):.2f}, sg-connect {cpu('sg-connect'):.2f}")  # fmt: skip
+                f" {cpu(floor_key):.2f}, sg-connect {cpu('sg-connect'):.2f}; sandgate's hub as the"
+                f" same relay {added('hub-tcp'):+.0f} µs, {cpu('hub-tcp'):.2f} s/GB")  # fmt: skip
         goal("best plain relay's added round trip (the floor)", floor, f"<= {target:g} µs",
              floor <= target, "µs", note)  # fmt: skip
     base = cpu("kernel")
