@@ -175,11 +175,11 @@ def inside(rounds: int, base: str | None) -> None:
     for kid in kids:
         kid.start()
     procs: list[subprocess.Popen[bytes]] = []
+    conf = Path(f"/tmp/sg-rfloor-{os.getpid()}.cfg")  # HAProxy's, removed at the end
     targets: dict[str, tuple[int, int]] = {"direct": (0, 0), "hub": (1, kids[2].pid or 0)}
     if base:
         targets["hub-base"] = (2, kids[3].pid or 0)
     if haproxy := shutil.which("haproxy"):
-        conf = Path(f"/tmp/sg-rfloor-{os.getpid()}.cfg")
         conf.write_text(HAPROXY)
         procs.append(subprocess.Popen([haproxy, "-db", "-f", str(conf)]))
         targets["haproxy-tcp"] = (3, procs[-1].pid)
@@ -205,6 +205,7 @@ def inside(rounds: int, base: str | None) -> None:
             proc.wait()
         for kid in kids:
             kid.kill()
+        conf.unlink(missing_ok=True)
     med = statistics.median
     direct = med(x[0] for x in res["direct"])
     print(f"relayfloor: {rounds} rounds, {N_RT} round trips of {len(MSG)} B and {BULK >> 20} MiB"
