@@ -1,4 +1,4 @@
-"""The peer proxies of ``bench/run proxy``: mitmproxy and squid, on the peer gateway.
+"""The peer proxies of ``bench/run proxy``: mitmproxy, squid, HAProxy, socat, on the peer gateway.
 
 They run in the peer router namespace (``sg-I-rt``) and listen on its guest-side address
 (10.77.251.1), so the peer guest (``sg-I-cl``) reaches them as a sandbox reaches its gateway's
@@ -10,6 +10,12 @@ port 3128: over its own veth, to its next hop, which dials out over the world's 
   ``stream_large_bodies=1`` so bodies stream instead of being held whole).
 * Debian's squid (``squid-openssl``: the build with ssl-bump), one process (``-N``), two ports:
   a plain CONNECT port and an ``ssl-bump`` port that bumps every tunnel, with a CA of its own.
+* Debian's HAProxy 2.6 and socat as plain TCP relays to the source (no CONNECT): HAProxy does
+  not answer CONNECT itself (in ``mode http`` it forwards the request to a server and tunnels
+  after that server's 2xx: haproxy/haproxy#2056), so they are measured as what a CONNECT tunnel
+  is once its handshake is done, a byte relay: the floor any userspace relay meets here. One
+  HAProxy process (its default threads, one a CPU) with two ``mode tcp`` listeners, one with
+  ``option splice-auto``; socat forks one process a connection (its tree's CPU is counted).
 
 Both resolve names through the bench's fast upstream DNS, as the gateway does: squid by its
 ``dns_nameservers``; mitmproxy through a resolv.conf bound over /etc/resolv.conf in the private
@@ -23,16 +29,20 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import log
 from bench.stack import PEER_LINK, UPSTREAM, BenchStack
-from bench.tls_source import wait_tcp
+from bench.tls_source import ADDRESS, wait_tcp
 
 MITM_VENV = Path(os.environ.get("SANDGATE_BENCH_VENV", "/opt/sandgate/bench-venv"))
 LISTEN = PEER_LINK[0]
-PORTS = {"mitm-pass": 8080, "mitm-intercept": 8081, "squid-tunnel": 3128, "squid-bump": 3129}
+PORTS = {"mitm-pass": 8080, "mitm-intercept": 8081, "squid-tunnel": 3128, "squid-bump": 3129,
+         # plain TCP relays, no CONNECT: the client dials them
+         "haproxy-tcp": 3130, "haproxy-splice": 3131, "socat-tcp": 3132,
+         "hub-tcp": 3133}  # fmt: skip
 CERTGEN = "/usr/lib/squid/security_file_certgen"
 
 SQUID_CONF = """\
@@ -57,6 +67,24 @@ shutdown_lifetime 0 seconds
 cache_effective_user proxy
 """
 
+# Timeouts long enough for a 1 GiB transfer's pauses and an idle keep-alive round; no logs.
+HAPROXY_CONF = """\
+global
+    maxconn 256
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 120s
+    timeout server 120s
+listen tcp
+    bind {listen}:{tcp}
+    server source {source}:443
+listen splice
+    bind {listen}:{splice}
+    option splice-auto
+    server source {source}:443
+"""
+
 
 @dataclass
 class Peers:
@@ -64,6 +92,7 @@ class Peers:
     proxies: dict[str, str] = field(default_factory=dict)  # path key -> host:port
     missing: dict[str, str] = field(default_factory=dict)  # path key -> why it is not measured
     ca_bundle: Path | None = None  # world CA + mitmproxy's + squid's, for the peer client
+    trees: dict[str, int] = field(default_factory=dict)  # role -> pid whose children count too
 
 
 def start(bs: BenchStack, world_ca: Path) -> Peers:
@@ -111,6 +140,7 @@ def start(bs: BenchStack, world_ca: Path) -> Peers:
     else:
         why = "squid not installed (apt-get install squid-openssl)"
         peers.missing.update({"squid-tunnel": why, "squid-bump": why})
+    _start_relays(bs, peers, base)
     peers.ca_bundle = base / "ca-bundle.pem"
     peers.ca_bundle.write_bytes(b"\n".join(c.strip() for c in cas) + b"\n")
     return peers
@@ -170,3 +200,54 @@ def _start_squid(bs: BenchStack, peers: Peers, squid: str, folder: Path, world_c
 
 def _squid_version(squid: str) -> bytes:
     return subprocess.run([squid, "-v"], capture_output=True, check=False).stdout
+
+
+def _start_relays(bs: BenchStack, peers: Peers, base: Path) -> None:
+    haproxy = shutil.which("haproxy") or ""
+    if haproxy:
+        conf = base / "haproxy.cfg"
+        conf.write_text(HAPROXY_CONF.format(
+            listen=LISTEN, tcp=PORTS["haproxy-tcp"], splice=PORTS["haproxy-splice"], source=ADDRESS
+        ))  # fmt: skip
+        proc = bs.net.spawn_in(
+            bs.router_ns,
+            [haproxy, "-db", "-f", str(conf)],  # -db: foreground, no daemon, no master
+            stdout=open(base / "haproxy.log", "wb"),  # noqa: SIM115 - the child's
+            stderr=subprocess.STDOUT,
+        )
+        for key in ("haproxy-tcp", "haproxy-splice"):
+            wait_tcp(bs.net, bs.router_ns, f"{LISTEN}:{PORTS[key]}", proc, 30)
+            peers.proxies[key] = f"{LISTEN}:{PORTS[key]}"
+        peers.pids["haproxy"] = proc.pid
+        log(f"peers: haproxy {PORTS['haproxy-tcp']}, {PORTS['haproxy-splice']} (splice-auto)")
+    else:
+        why = "haproxy not installed (apt-get install haproxy; do not enable its service)"
+        peers.missing.update({"haproxy-tcp": why, "haproxy-splice": why})
+    # sandgate's own hub as the same kind of peer (bench/relayfloor.py's accept loop, this tree's
+    # relay.py): the same hops as HAProxy's, so the difference is the relays' alone.
+    tree = Path(__file__).resolve().parents[1]
+    hub = bs.net.spawn_in(
+        bs.router_ns,
+        ["env", f"PYTHONPATH={tree}/src:{tree}", sys.executable, "-m", "bench.relayfloor",
+         "--hub", LISTEN, str(PORTS["hub-tcp"]), ADDRESS, "443"],
+        stdout=open(base / "hub.log", "wb"),  # noqa: SIM115 - the child's
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    wait_tcp(bs.net, bs.router_ns, f"{LISTEN}:{PORTS['hub-tcp']}", hub, 30)
+    peers.pids["hub"] = hub.pid
+    peers.proxies["hub-tcp"] = f"{LISTEN}:{PORTS['hub-tcp']}"
+    socat = shutil.which("socat") or ""
+    if socat:
+        listen = f"TCP-LISTEN:{PORTS['socat-tcp']},bind={LISTEN},reuseaddr,fork"
+        proc = bs.net.spawn_in(
+            bs.router_ns,
+            [socat, listen, f"TCP:{ADDRESS}:443"],
+            stdout=open(base / "socat.log", "wb"),  # noqa: SIM115 - the child's
+            stderr=subprocess.STDOUT,
+        )
+        wait_tcp(bs.net, bs.router_ns, f"{LISTEN}:{PORTS['socat-tcp']}", proc, 30)
+        peers.trees["socat"] = proc.pid
+        peers.proxies["socat-tcp"] = f"{LISTEN}:{PORTS['socat-tcp']}"
+        log(f"peers: socat {PORTS['socat-tcp']} (TCP relay, a process a connection)")
+    else:
+        peers.missing["socat-tcp"] = "socat not installed (apt-get install socat)"
