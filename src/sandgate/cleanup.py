@@ -54,14 +54,25 @@ class CleanupResult:
 
 
 def own(name: str, pid: int | None = None) -> None:
-    """Record that a live process owns kernel object ``name`` (so cleanup leaves it alone)."""
-    OWNERS.mkdir(parents=True, exist_ok=True)
-    (OWNERS / name).write_text(str(pid or os.getpid()))
+    """Record that a live process owns kernel object ``name`` (so cleanup leaves it alone).
+    os calls, the folder made only when missing: a session writes three of these before its
+    command and removes them after it (pathlib's were ~3x the syscalls' time; issue 13)."""
+    path = f"{OWNERS}/{name}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        OWNERS.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o666)
+    try:
+        os.write(fd, str(pid or os.getpid()).encode())
+    finally:
+        os.close(fd)
 
 
 def disown(name: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        (OWNERS / name).unlink()
+        os.unlink(f"{OWNERS}/{name}")
 
 
 def owned(name: str) -> bool:

@@ -198,3 +198,71 @@ def test_cleanup_removes_a_dead_sessions_cgroup() -> None:
         if proc.poll() is None:
             proc.kill()
         limits.remove(name)
+
+
+def _usage_by_pathlib(cg: limits.Cgroup) -> limits.Usage:
+    """The slow path the teardown's os reads replaced (issue 13): pathlib, file by file."""
+
+    def num(p: Path) -> int:
+        try:
+            return int(p.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def keyed(p: Path) -> dict[str, int]:
+        try:
+            pairs = [line.partition(" ") for line in p.read_text().splitlines()]
+        except OSError:
+            return {}
+        return {k: int(v) for k, _, v in pairs if v.strip().lstrip("-").isdigit()}
+
+    u = limits.Usage()
+    pids, mem = cg.dir("pids"), cg.dir("memory")
+    assert pids is not None and mem is not None
+    u.pids_hits = keyed(pids / "pids.events").get("max", 0)
+    u.pids_peak = max(num(pids / "pids.peak"), num(pids / "pids.current"))
+    if cg.hierarchy.version == 2:
+        u.memory_peak = num(mem / "memory.peak")
+        u.oom_kills = keyed(mem / "memory.events").get("oom_kill", 0)
+        u.memory_hits = keyed(mem / "memory.events").get("max", 0)
+    else:
+        u.memory_peak = max(
+            num(mem / "memory.max_usage_in_bytes"), num(mem / "memory.memsw.max_usage_in_bytes")
+        )
+        u.oom_kills = keyed(mem / "memory.oom_control").get("oom_kill", 0)
+        u.memory_hits = num(mem / "memory.failcnt")
+    return u
+
+
+def test_usage_read_with_os_calls_is_what_pathlib_reads() -> None:
+    """A cgroup that refused forks and used memory: every figure is non-zero where the kernel
+    keeps it, and the teardown's reading agrees with the pathlib one, file by file."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    import subprocess
+
+    name = f"sandgate-test-usage-{os.getpid()}"
+    cg = limits.create(name, Limits(pids=8, memory=64 * MiB))
+    cg.start_sampling()
+    kept = os.path.exists(f"{cg.dir('pids')}/pids.peak")
+    assert (cg._sampler is None) == kept  # no sampling thread where the kernel keeps the peak
+    try:
+        # More sleeps than the limit allows (refused forks: pids.events "max"), and ~8 MiB held.
+        script = (
+            "x=$(head -c 8000000 /dev/zero | tr '\\0' a); "
+            "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.3 & done 2>/dev/null; wait"
+        )
+        subprocess.run([*cg.prefix_argv(), "/bin/sh", "-c", script], check=False, timeout=30)
+        got, slow = cg.usage(), _usage_by_pathlib(cg)
+        slow.pids_peak = max(slow.pids_peak, cg._peak)  # what a sampler saw (older kernels)
+        assert got == slow
+        assert got.pids_hits > 0 and got.memory_peak > 8_000_000
+        if kept:  # the kernel's peak, with no thread sampling: every one of the 8 counted
+            assert got.pids_peak == 8
+        # A file this kernel lacks (or a cgroup gone) reads as 0, as the pathlib reading did.
+        assert limits._int(f"{cg.dir('pids')}/no-such-file") == 0
+        assert limits._keyed(f"{cg.dir('pids')}/no-such-file") == {}
+    finally:
+        cg.remove()
+    assert name not in limits.ours()
+    cg.remove()  # removing it again is not an error (no stat first: the rmdir's ENOENT)

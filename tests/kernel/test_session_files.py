@@ -17,6 +17,7 @@ from sandgate import cleanup
 from sandgate.errors import SandboxError
 from sandgate.sandbox.workspace import (
     SESSIONS_ROOT,
+    Workspace,
     WorkspaceSpec,
     bind_noexec,
     mount_tmpfs,
@@ -203,6 +204,27 @@ def test_a_gateway_ruleset_changed_during_a_session_is_restored(
     # And the gateway forwards again: the next session reaches the model server.
     r2 = sandbox.sh("curl -sS -m 5 -o /dev/null -w '%{http_code}' http://10.77.0.10:8000/v1/models")
     assert Path(r2.report.output or "").read_text().strip() == "200"
+
+
+def test_destroy_leaves_nothing_of_a_mounted_or_unmounted_disk() -> None:
+    """destroy's one rmdir (issue 13) and its rmtree fallback: a session's disk with its
+    noexec binds, a folder whose disk was never mounted (files in it), and one gone already."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    SESSIONS_ROOT.mkdir(parents=True, exist_ok=True)
+    tag = f"19700101-000000-d{os.getpid()}"
+    space = Workspace(SESSIONS_ROOT / f"{tag}a", 0, WorkspaceSpec())
+    space.create(None)
+    (space.dir / "stray").write_text("x")
+    assert space.dir in our_mounts(SESSIONS_ROOT)
+    space.destroy()
+    assert not space.dir.exists() and space.dir not in our_mounts(SESSIONS_ROOT)
+    space.destroy()  # again: nothing to do, no error
+    unmounted = Workspace(SESSIONS_ROOT / f"{tag}b", 0, WorkspaceSpec())
+    (unmounted.dir / "home").mkdir(parents=True)
+    (unmounted.dir / "home" / "f").write_text("x")
+    unmounted.destroy()  # not empty: the rmtree fallback
+    assert not unmounted.dir.exists()
 
 
 def test_cleanup_unmounts_a_dead_sessions_disk() -> None:

@@ -326,7 +326,16 @@ class Workspace:
         if self.mounted:
             unmount(self.dir)
             self.mounted = False
-        if self.dir != Path() and self.dir.is_dir():
+        if self.dir == Path():
+            return
+        # The disk's mount point is empty once the disk is unmounted: one rmdir, where rmtree
+        # added a stat, an open and a listing (~0.1-0.3 ms on this ext4; issue 13). Anything
+        # else (a disk never mounted, an unmount that failed) is removed as before.
+        try:
+            os.rmdir(self.dir)
+        except FileNotFoundError:
+            return
+        except OSError:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
