@@ -77,6 +77,31 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def paired(ours: Sequence[dict[str, Any]], peer: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Round by round against the peer's transfer of the same round (the rounds' ends
+    alternate): MB/s ratio and added CPU per GB, median and p10-p90. Failed rounds are left
+    out; {} when the rounds do not line up."""
+    if not ours or len(ours) != len(peer):
+        return {}
+    both = [
+        (a, b)
+        for a, b in zip(ours, peer, strict=True)
+        if a.get("ok", True) and b.get("ok", True) and b["MB_s"]
+    ]
+    ratios = [a["MB_s"] / b["MB_s"] for a, b in both]
+    added = [a["cpu_s_per_GB"] - b["cpu_s_per_GB"] for a, b in both]
+    return {
+        "ratio": median(ratios),
+        "ratio_p10": pct(ratios, 10),
+        "ratio_p90": pct(ratios, 90),
+        "ratios": ratios,
+        "added_cpu_s_per_GB": median(added),
+        "added_cpu_p10": pct(added, 10),
+        "added_cpu_p90": pct(added, 90),
+    }
+
+
+
 def summary_ms(values: Sequence[float]) -> dict[str, float]:
     """Seconds in, milliseconds out: median and p90."""
     return {"median_ms": median(values) * 1e3, "p90_ms": pct(values, 90) * 1e3}

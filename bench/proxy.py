@@ -49,12 +49,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import peer_proxies, tls_source
-from bench.common import Sampler, log, machine, median, pct, stdout_to
+from bench.common import Sampler, log, machine, median, paired, pct, stdout_to
 from bench.peer_proxies import Peers
 from bench.proxy_agents import Agent, Step, read_steps, words
 from bench.stack import UPSTREAM, BenchStack, bench_stack
 from bench.tls_source import ADDRESS, NAME
-from sandgate.session.runner import RunOptions, run_in
+from sandgate.session.runner import RunOptions
 
 SIZE = 256 << 20  # a bulk transfer: its fixed part is 1-2 % of it (docs/NOTES.md, 2026-12-02)
 CLIENT_BOUND = 0.9  # cores: at this, curl is its path's bottleneck
@@ -209,18 +209,7 @@ def start_agent(bs: BenchStack, side: str, failures: list[str]) -> Agent:
         label=f"bench proxy {side}",
         stop=threading.Event(),
     )
-
-    def session() -> None:
-        try:
-            result = run_in(bs.stack, opts)
-        except Exception as exc:  # reported with the figures; the agent's absence is noticed
-            failures.append(f"{side} session: {exc!r}")
-            return
-        if result.exit_code != 0:
-            failures.append(f"{side} session ended with {result.exit_code}: {result.message}")
-
-    assert opts.stop is not None
-    agent.start_on_thread(session, opts.stop.set)
+    agent.start_session(bs.stack, opts, failures)
     return agent
 
 
@@ -506,23 +495,8 @@ def round_order(specs: list[PathSpec], r: int) -> list[PathSpec]:
 
 
 def pairs(ours: dict[str, Any], kernel: dict[str, Any]) -> dict[str, Any]:
-    """Round by round against the kernel path's transfer of the same round: MB/s ratio and
-    added CPU per GB, median and p10-p90 (the rounds' ends alternate, see ``measure``)."""
-    a, b = ours.get("runs", []), kernel.get("runs", [])
-    if not a or len(a) != len(b):
-        return {}
-    both = [(x, y) for x, y in zip(a, b, strict=True) if x["ok"] and y["ok"] and y["MB_s"]]
-    ratios = [x["MB_s"] / y["MB_s"] for x, y in both]
-    added = [x["cpu_s_per_GB"] - y["cpu_s_per_GB"] for x, y in both]
-    return {
-        "ratio": median(ratios),
-        "ratio_p10": pct(ratios, 10),
-        "ratio_p90": pct(ratios, 90),
-        "ratios": ratios,
-        "added_cpu_s_per_GB": median(added),
-        "added_cpu_p10": pct(added, 10),
-        "added_cpu_p90": pct(added, 90),
-    }
+    """A path's rounds against the kernel path's (the rounds' ends alternate, see ``measure``)."""
+    return paired(ours.get("runs", []), kernel.get("runs", []))
 
 
 def ratio(a: float, b: float) -> float:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import BenchNet, stop
+from sandgate.session.runner import RunOptions, run_in
+from sandgate.session.stack import Stack
 
 SCRIPT_LIB = r"""
 TIMEFORMAT='%R %U %S'
@@ -137,6 +139,24 @@ class Agent:
 
         self.finish = finish
         self._wait("ready", 60)
+
+    def start_session(self, stack: Stack, opts: RunOptions, failures: list[str]) -> None:
+        """The agent as one sandbox session on ``stack``, on a thread; a session that fails or
+        ends badly is reported in ``failures`` (with the figures), its absence noticed here."""
+        assert opts.stop is not None
+
+        def session() -> None:
+            try:
+                result = run_in(stack, opts)
+            except Exception as exc:
+                failures.append(f"{self.side} session: {exc!r}")
+                return
+            if result.exit_code != 0:
+                failures.append(
+                    f"{self.side} session ended with {result.exit_code}: {result.message}"
+                )
+
+        self.start_on_thread(session, opts.stop.set)
 
     def do(self, line: str, timeout: float = 300) -> None:
         os.write(self._cmd, (line + "\n").encode())

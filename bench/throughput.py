@@ -42,10 +42,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from bench.common import Sampler, log, median, pct, spawn_ready, stdout_to
+from bench.common import Sampler, log, median, paired, pct, spawn_ready, stdout_to
 from bench.proxy_agents import SCRIPT_LIB, Agent, Step, read_steps, words
 from bench.stack import UPSTREAM, BenchStack
-from sandgate.session.runner import RunOptions, run_in
+from sandgate.session.runner import RunOptions
 from sandgate.world.topology import HOSTS
 
 UID = 61000
@@ -145,21 +145,6 @@ def limit(c: dict[str, float]) -> str:
     return "; ".join(parts) or "no single process saturates"
 
 
-def judge_pairs(ours: list[dict[str, Any]], peer: list[dict[str, Any]]) -> dict[str, Any]:
-    """Round by round: sandgate / kernel MB/s and sandgate - kernel CPU per GB."""
-    ratios = [a["MB_s"] / b["MB_s"] for a, b in zip(ours, peer, strict=True) if b["MB_s"]]
-    added = [a["cpu_s_per_GB"] - b["cpu_s_per_GB"] for a, b in zip(ours, peer, strict=True)]
-    return {
-        "ratio": median(ratios),
-        "ratio_p10": pct(ratios, 10),
-        "ratio_p90": pct(ratios, 90),
-        "ratios": ratios,
-        "added_cpu_s_per_GB": median(added),
-        "added_cpu_p10": pct(added, 10),
-        "added_cpu_p90": pct(added, 90),
-    }
-
-
 # -- the run ------------------------------------------------------------------------------------
 
 
@@ -179,18 +164,7 @@ def sandbox_agent(bs: BenchStack, work: Path, allow: list[str], failures: list[s
         label="bench throughput",
         stop=threading.Event(),
     )
-
-    def session() -> None:
-        try:
-            result = run_in(bs.stack, opts)
-        except Exception as exc:  # reported with the figures
-            failures.append(f"sandbox session: {exc!r}")
-            return
-        if result.exit_code != 0:
-            failures.append(f"sandbox session ended with {result.exit_code}: {result.message}")
-
-    assert opts.stop is not None
-    agent.start_on_thread(session, opts.stop.set)
+    agent.start_session(bs.stack, opts, failures)
     return agent
 
 
@@ -265,7 +239,7 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
             "curl": " ".join(pairs[tag][0]),
             "sandgate": side_summary(sides["sandgate"]),
             "kernel": side_summary(sides["kernel"]),
-            "pairs": judge_pairs(sides["sandgate"], sides["kernel"]),
+            "pairs": paired(sides["sandgate"], sides["kernel"]),
         }
     out["failures"] = failures
     return out

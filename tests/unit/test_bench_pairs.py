@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from bench import proxy, throughput
-from bench.common import Sample, Sampler
+from bench.common import Sample, Sampler, paired
 from bench.proxy_agents import Step
 
 
@@ -24,7 +24,7 @@ PEER = [run(1000, 1.0), run(1000, 1.0), run(500, 1.0), run(500, 1.0), run(500, 1
 
 
 def test_ratio_is_the_median_of_pairs_not_of_medians() -> None:
-    pairs = throughput.judge_pairs(OURS, PEER)
+    pairs = paired(OURS, PEER)
     assert pairs["ratio"] == pytest.approx(0.9)
     assert pairs["ratio_p10"] == pytest.approx(0.9)
     assert pairs["ratio_p90"] == pytest.approx(1.44)  # the straddling pair shows in the spread
