@@ -666,7 +666,8 @@ def test_measure(topo: Topo, rules: TlsGate) -> None:
         f"\nqueued packets per connection: {sorted(set(per_conn))} over {len(per_conn)}"
     )
     # The first flight only: one packet per connection, or two where the client's TCP resent
-    # its ClientHello while the verdict was pending (a loaded machine); every later packet
-    # of a connection (its three pings) passes in the kernel.
-    assert set(per_conn) <= {1, 2} and per_conn.count(1) >= 0.9 * len(per_conn), per_conn
+    # its ClientHello while the verdict was pending (a loaded machine: 14 of 90 in one CI run,
+    # so how many is timing, not asserted beyond most); every later packet of a connection
+    # (its three pings) passes in the kernel.
+    assert set(per_conn) <= {1, 2} and per_conn.count(1) >= 0.5 * len(per_conn), per_conn
     assert ratio > 0.3  # a sanity bound: on a shared 2-vCPU VM the figure swings 0.6-1.6
