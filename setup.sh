@@ -48,16 +48,17 @@ case "${1:-}" in
     demo) shift; exec "$venv/bin/sandgate" demo "$@" ;;
     test)
         shift
-        # Only the tests need a browser (the HTML report and the dashboard are checked in one).
-        browser=()
-        for p in chromium chromium-driver; do
-            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || browser+=("$p")
+        # Only the tests need a browser (the HTML report and the dashboard are checked in one)
+        # and dnsperf (a burst of questions from inside a sandbox, test_pool).
+        testpkgs=()
+        for p in chromium chromium-driver dnsperf; do
+            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || testpkgs+=("$p")
         done
-        if [ "${#browser[@]}" -gt 0 ]; then
-            echo "setup.sh: installing ${browser[*]} for the tests (a headless browser)"
+        if [ "${#testpkgs[@]}" -gt 0 ]; then
+            echo "setup.sh: installing ${testpkgs[*]} for the tests (a headless browser, a DNS load generator)"
             export DEBIAN_FRONTEND=noninteractive
             apt-get update -qq
-            apt-get install -y -qq --no-install-recommends "${browser[@]}" >/dev/null
+            apt-get install -y -qq --no-install-recommends "${testpkgs[@]}" >/dev/null
         fi
         # A real model for the test world (--world-model smollm2; its tests skip without it):
         # llama.cpp built from source once (several minutes), never in `./setup.sh demo`

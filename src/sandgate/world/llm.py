@@ -57,6 +57,14 @@ sse-starlette==3.7.0 starlette==1.10.0 starlette-context==0.3.6 typing-inspectio
 typing_extensions==4.16.0 uvicorn==0.54.0
 """
 SERVER_PACKAGE = "llama-cpp-python[server]==0.3.36"
+# A portable build, not -march=native: on a CPU that reports AMX (Sapphire Rapids and later),
+# the native build's AMX matrix kernels segfault on the first request under this machine's
+# hypervisor (2026-12-02, ggml_backend_amx_mul_mat). AVX2/FMA/F16C is what every x86-64 host
+# of the last decade has; the 135M test model needs no more.
+CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+    " -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+)
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,7 @@ def get(name: str) -> RealModel:
 
 
 def _stamp() -> str:
-    return hashlib.sha256((SERVER_PACKAGE + _LOCK + PYTHON).encode()).hexdigest()
+    return hashlib.sha256((SERVER_PACKAGE + _LOCK + PYTHON + CMAKE_ARGS).encode()).hexdigest()
 
 
 def _venv_ok() -> bool:
@@ -151,8 +159,11 @@ def install(name: str, *, quiet: bool = True) -> None:
             pip = [str(VENV / "bin/pip"), "install", "--disable-pip-version-check"]
             try:
                 subprocess.run(
-                    [*pip, *(["-q"] if quiet else []), "-c", c.name, SERVER_PACKAGE], check=True
-                )
+                    [*pip, *(["-q"] if quiet else []), "--no-cache-dir", "-c", c.name,
+                     SERVER_PACKAGE],
+                    check=True,
+                    env={**os.environ, "CMAKE_ARGS": CMAKE_ARGS},
+                )  # fmt: skip
             finally:
                 os.unlink(c.name)
             (VENV / STAMP).write_text(_stamp() + "\n")
