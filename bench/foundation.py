@@ -243,7 +243,8 @@ def rows(parts: dict[str, Any]) -> list[dict[str, Any]]:
             None,
             "",
             "0 lost",
-            n["lost"] == 0 and n["logged"] + n["inferred"] >= n["counted"],
+            # counted 0 is the bench failing to read the counters, not a pass
+            n["lost"] == 0 and 0 < n["counted"] <= n["logged"] + n["inferred"],
             "events",
             f"sent {n['sent']}, counted {n['counted']}, logged {n['logged']}"
             f" (+{n['inferred']} inferred), lost {n['lost']},"

@@ -81,15 +81,17 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
         timeout=seconds + 60,
         label="bench nflog",
     )
-    replies: list[dict[str, Any]] = []
     with Sampler({"gateway": bs.stack.gateway.pid}) as sampler:
-        result = _run_capturing(bs, opts, replies)
+        result = run_in(bs.stack, opts)
     with bs.stack.gateway.client() as ctl:
         after = ctl.call("status")
     sent, errors, start, end = out.read_text().split()
-    counters: dict[str, Any] = next((r["counters"] for r in replies if "counters" in r), {})
     store = Store(bs.store)
     try:
+        # The exact counters remove_guest read, as the session's row keeps them for its report
+        # (the runner's removal is pipelined behind the drift snapshot: no call to wrap).
+        row = store.session(result.session)
+        counters: dict[str, Any] = dict((row.details if row else {}).get("counters") or {})
         events = [
             e
             for e in store.events(session=result.session, kinds=[Kind.CONN])
@@ -125,22 +127,3 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
         "system_busy_cores": w["system_busy_cores"],
         "counters": counters,
     }
-
-
-def _run_capturing(bs: BenchStack, opts: RunOptions, replies: list[dict[str, Any]]) -> Any:
-    """run_in, keeping the control replies (remove_guest's carries the exact counters)."""
-    from sandgate.gateway.control import ControlClient
-
-    call = ControlClient.call
-
-    def keep(self: ControlClient, op: str, **args: Any) -> dict[str, Any]:
-        reply = call(self, op, **args)
-        if op == "remove_guest":
-            replies.append(reply)
-        return reply
-
-    ControlClient.call = keep  # type: ignore[method-assign]
-    try:
-        return run_in(bs.stack, opts)
-    finally:
-        ControlClient.call = call  # type: ignore[method-assign]

@@ -180,3 +180,35 @@ def test_a_busy_resolver_delays_a_refill_no_longer_than_refill_latest(
         assert pool._due is None
 
     asyncio.run(go())
+
+
+def test_an_empty_take_makes_nothing_ahead_of_its_join_and_a_leave_refills_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take that finds the pool empty must not queue makes on the netlink thread, where the
+    runner's own join then waits behind them for its link (55-111 ms, every fourth of
+    back-to-back sessions, 2026-12-07); a guest's leaving refills at once, busy resolver or
+    not (its command is over)."""
+    monkeypatch.setattr(poolmod, "REFILL_LATEST", 3600.0)
+
+    async def go() -> None:
+        pool, calls = _pool(tmp_path, activity=_Questions())  # never quiet
+        pool.refill()
+        await _settle(pool)
+        for _ in range(pool.size):
+            taken = pool.take()
+            assert taken is not None and pool.claim(taken) is not None
+        made = len(calls)
+        assert pool.take() is None  # empty: the runner makes its own namespace
+        await _settle(pool)
+        assert len(calls) == made and not pool.making  # and nothing is made ahead of it
+        pool.refill_soon(later=True)  # its join
+        await _settle(pool)
+        assert len(calls) == made
+        pool.left()  # a guest went: refilled now, the pending refill with it
+        assert pool._due is None
+        await _settle(pool)
+        assert len(pool.ready) == pool.size and len(calls) == made + pool.size
+        await pool.close()
+
+    asyncio.run(go())

@@ -708,6 +708,7 @@ class Lifecycle:
         rules go, what might still come from its address meets them as before (issue 13:
         ~3 ms a removal off the runner's wait, 2026-12-01)."""
         name = guest.link.ifname
+        self.warm.left()
         try:
             async with self._lock:
                 self.check.before_change()

@@ -117,7 +117,10 @@ class WarmPool:
         own record, ``sandgate cleanup`` removes the namespace as any dead session's."""
         self._prune()
         if not self.ready:
-            self.refill()
+            # Not refilled now: the makes would queue on the netlink thread ahead of this
+            # runner's own link (its join then waited 55-111 ms, not ~5: 2026-12-07). Armed
+            # instead, behind the join; a leave refills at once (``left``).
+            self.refill_soon()
             return None
         warm = self.ready.pop(0)
         self.taken[warm.netns] = warm
@@ -152,6 +155,16 @@ class WarmPool:
             self._due.cancel()
         deadline = loop.time() + REFILL_AFTER + REFILL_LATEST
         self._due = loop.call_later(REFILL_AFTER, self._when_quiet, None, 0.0, deadline)
+
+    def left(self) -> None:
+        """A guest has gone (its link too): refill now. Its command is over, so a make disturbs
+        no session's start or first questions, and sessions that come back to back (a suite,
+        the startup bench) find the pool full: armed at each take and pushed back by each
+        join, the refill never came while they did, and every fourth join made its own link."""
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        self.refill()
 
     def _when_quiet(self, count: int | None, since: float, deadline: float) -> None:
         loop = asyncio.get_running_loop()
