@@ -257,9 +257,9 @@ def test_a_fronted_name_reaches_the_front_from_every_guest_address(
 def test_a_refill_held_back_by_a_burst_of_questions_still_comes(
     sandbox: Runner, stack: Stack
 ) -> None:
-    """The refill waits while the resolver answers fast (pool.QUIET_RATE): after a session
-    whose questions came well above that rate, the pool is full again, and the next session
-    runs in a warm namespace."""
+    """The refill waits while the resolver answers fast (pool.QUIET_RATE), and the session's
+    leaving refills at once: after a session whose questions came well above that rate, the
+    pool is full again, and the next session runs in a warm namespace."""
     size = int(_warm(stack)["size"])
     _ready(stack, size)
     script = (
