@@ -209,6 +209,11 @@ def test_an_empty_take_makes_nothing_ahead_of_its_join_and_a_leave_refills_at_on
         assert pool._due is None
         await _settle(pool)
         assert len(pool.ready) == pool.size and len(calls) == made + pool.size
+        pool.ready.pop(0)
+        pool.stop()  # the daemon stops: its guests' leaving makes nothing more
+        pool.left()
+        await _settle(pool)
+        assert len(calls) == made + pool.size
         await pool.close()
 
     asyncio.run(go())

@@ -766,6 +766,7 @@ class Lifecycle:
         await loop.run_in_executor(None, heap.trim)
 
     async def remove_all(self) -> None:
+        self.warm.stop()
         for name in [g.link.ifname for g in self.table]:
             with contextlib.suppress(Exception):
                 await self.remove(name)

@@ -8,15 +8,16 @@ namespace 1 ms, moving a made link into another namespace 15-37 ms, a join's who
 So the pool holds whole namespaces, never links to move: a runner takes one (``take_netns``)
 before its session starts, and the join that names it finds the link ready.
 
-An entry is made after the reply that used the last one, outside the join's lock, on the
-daemon's netlink thread; its index is reserved from the moment it is chosen, so no join takes
-it. Each namespace is fresh (``ns.create``) and used by one session only: the runner removes
-it at the end, and the pair goes with it. Names are ``sg-<instance>-w<hex>`` (a session's own
-are ``-s<hex>``), so ``sandgate cleanup`` treats a pooled namespace left by a dead gateway as
-it treats a session's. Each untaken one is written down (``<run dir>/warm/NAME``,
-before it is made): the daemon removes its own when it stops, and ``sweep`` what a killed
-daemon left (``manage.stop``, and a daemon starting where one died). A taken one is its
-runner's: the gateway records the runner's pid as its owner before replying.
+An entry is made when a guest leaves (right after remove_guest's reply: sessions back to back
+find the pool full), or a while after a take once the resolver is quiet, outside the join's
+lock, on the daemon's netlink thread; its index is reserved from the moment it is chosen, so no
+join takes it. Each namespace is fresh (``ns.create``) and used by one session only: the runner
+removes it at the end, and the pair goes with it. Names are ``sg-<instance>-w<hex>`` (a
+session's own are ``-s<hex>``), so ``sandgate cleanup`` treats a pooled namespace left by a
+dead gateway as it treats a session's. Each untaken one is written down
+(``<run dir>/warm/NAME``, before it is made): the daemon removes its own when it stops, and
+``sweep`` what a killed daemon left (``manage.stop``, and a daemon starting where one died).
+A taken one is its runner's: the gateway records the runner's pid as its owner before replying.
 """
 
 from __future__ import annotations
@@ -157,10 +158,11 @@ class WarmPool:
         self._due = loop.call_later(REFILL_AFTER, self._when_quiet, None, 0.0, deadline)
 
     def left(self) -> None:
-        """A guest has gone (its link too): refill now. Its command is over, so a make disturbs
-        no session's start or first questions, and sessions that come back to back (a suite,
-        the startup bench) find the pool full: armed at each take and pushed back by each
-        join, the refill never came while they did, and every fourth join made its own link."""
+        """A guest has gone (remove_guest has answered): refill now. Its command is over, so a
+        make disturbs no session's start or first questions, and sessions that come back to
+        back (a suite, the startup bench) find the pool full: armed at each take and pushed
+        back by each join, the refill never came while they did, and every fourth join made
+        its own link."""
         if self._due is not None:
             self._due.cancel()
             self._due = None
@@ -225,15 +227,19 @@ class WarmPool:
         finally:
             self._forgetting.discard(warm.index)
 
-    async def close(self) -> None:
-        """Remove every untaken namespace (the daemon stops); handed-out ones are their
-        runners' to remove."""
+    def stop(self) -> None:
+        """Make no more (the daemon stops: its guests' leaving must not refill)."""
         if self._due is not None:
             self._due.cancel()
             self._due = None
+        self.failed = "closed"
+
+    async def close(self) -> None:
+        """Remove every untaken namespace (the daemon stops); handed-out ones are their
+        runners' to remove."""
+        self.stop()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.failed = "closed"
         while self.ready:
             warm = self.ready.pop()
             with contextlib.suppress(Exception):
