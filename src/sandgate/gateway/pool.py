@@ -106,6 +106,7 @@ class WarmPool:
         self.failed: str | None = None  # the last failure to make one (refills stop until a take)
         self._activity = activity  # a count that grows with the work a refill would slow (DNS)
         self._due: asyncio.TimerHandle | None = None  # the pending refill_soon
+        self._stopped = False  # the daemon stops (``stop``): never made again
 
     def reserved(self) -> set[int]:
         """Indexes no join may choose: ready, handed out, or being made."""
@@ -163,10 +164,13 @@ class WarmPool:
         back (a suite, the startup bench) find the pool full: armed at each take and pushed
         back by each join, the refill never came while they did, and every fourth join made
         its own link."""
+        self._cancel_due()
+        self.refill()
+
+    def _cancel_due(self) -> None:
         if self._due is not None:
             self._due.cancel()
             self._due = None
-        self.refill()
 
     def _when_quiet(self, count: int | None, since: float, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -180,7 +184,7 @@ class WarmPool:
 
     def refill(self) -> None:
         """Start making entries up to ``size`` (called after a reply: never on a join's path)."""
-        if self.failed is not None:
+        if self.failed is not None or self._stopped:
             return
         self._prune()
         while len(self.ready) + len(self.making) < self.size:
@@ -228,10 +232,10 @@ class WarmPool:
             self._forgetting.discard(warm.index)
 
     def stop(self) -> None:
-        """Make no more (the daemon stops: its guests' leaving must not refill)."""
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
+        """Make no more (the daemon stops: its guests' leaving must not refill, nor a take
+        clear it as it clears a failure)."""
+        self._cancel_due()
+        self._stopped = True
         self.failed = "closed"
 
     async def close(self) -> None:
