@@ -34,6 +34,15 @@ lower in 9 of 10 pairs. Bulk (64 KiB GSO segments, ~17k packets per GiB plus ACK
 now 0.58, plain 0.58; upload 0.66, 0.60, 0.51. The gateway's sysctls (``sysctls``, rp_filter
 among them) cost nothing measurable. This kernel has no flowtable (CONFIG_NF_FLOW_TABLE is off),
 the one thing that would let established flows skip conntrack, NAT and the chains.
+
+BIG TCP (``*-big``: every link end's GSO/GRO limits, IPv4's too, at 185,000 bytes; ``*-512k`` at
+veth's 524,280), 2026-12-07, idle, 6 rounds: download / upload MB/s and s/GB, plain 2,919 /
+3,643 at 0.465 / 0.398, plain-big 4,934 / 4,671 at 0.251 / 0.280, sandgate 3,066 / 3,261 at
+0.460 / 0.456, sandgate-big 4,305 / 4,084 at 0.294 / 0.328; 512k uploads were slower (2,787 /
+2,884). A third as many packets a GB: every per-packet cost (the rules, conntrack, NAT, the
+stack) shrinks with them. It only pays where every link of the path takes such segments (one
+that does not cuts each into MSS-sized packets in software), which is why sandgate does not set
+it on its links by default (docs/NOTES.md, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,7 +61,7 @@ from ipaddress import IPv4Network
 from typing import Any
 
 from sandgate import cleanup
-from sandgate.net import iptables, ns
+from sandgate.net import iptables, links, ns
 from sandgate.net.compile import GuestLink, base_ruleset, guest_add, guest_uid_log
 from sandgate.net.links import GATEWAY_SYSCTLS, link_sysctl_values
 from sandgate.net.netlink import run_in_netns
@@ -205,7 +215,24 @@ def gateway_cmds() -> list[dict[str, Any]]:
             ]  # fmt: skip
 
 
+ENDS = ("c", "eth0"), ("g", LINK.ifname), ("g", UPLINK), ("s", "eth0")
+
+
+def _gso(size: int) -> Callable[[World], None]:
+    """Every link end's GSO/GRO limits (IPv4's too: BIG TCP above 64 KiB) set to ``size``."""
+
+    def limit(dev: str) -> Callable[[], None]:
+        return lambda: links.set_gso_limits(socket.if_nametoindex(dev), size)
+
+    def go(w: World) -> None:
+        for side, dev in ENDS:
+            in_ns(getattr(w, side), limit(dev))
+
+    return go
+
+
 def clear(w: World) -> None:
+    _gso(65536)(w)
     for n in (w.c, w.g):
         subprocess.run(["ip", "netns", "exec", n, "nft", "flush", "ruleset"], check=True)
     in_ns(w.g, lambda: ns.write_sysctls(dict.fromkeys(RP_FILTER, "0")))  # a new netns's
@@ -293,6 +320,10 @@ VARIANTS: dict[str, Callable[[World], None]] = {
     "no-ingress": _then(install_sandgate, _no_ingress),  # without the MAC/address pin
     "no-nat": _then(install_sandgate, _no_nat),  # without masquerade
     "gw-ct-only": _ct_only,  # conntrack in the gateway and nothing else
+    "plain-big": _gso(185_000),  # BIG TCP on every link, no rules
+    "sandgate-big": _then(install_sandgate, _gso(185_000)),
+    "plain-512k": _gso(524_280),
+    "sandgate-512k": _then(install_sandgate, _gso(524_280)),
     "bare": _then(install_sandgate, _no_nat, _no_ingress, _no_gate, _no_guest),
 }
 
@@ -314,6 +345,7 @@ def main(rounds: int, names: list[str], segments: int = 200_000, bulk: int = 2) 
         v: {"download": [], "upload": []} for v in names
     }
     per_packet: dict[str, list[float]] = {v: [] for v in names}
+    gso: dict[str, dict[str, int]] = {}  # the guest link's limits under each variant, as read
     load0 = os.getloadavg()
     with world() as w:
         server = subprocess.Popen(
@@ -331,6 +363,7 @@ def main(rounds: int, names: list[str], segments: int = 200_000, bulk: int = 2) 
                 for v in names:
                     clear(w)
                     VARIANTS[v](w)
+                    gso[v] = in_ns(w.c, lambda: links.gso_limits(socket.if_nametoindex("eth0")))
                     time.sleep(0.2)
                     for mode, key in (("d", "download"), ("u", "upload"))[:bulk]:
                         c0, s0 = proc_cpu(client.pid), proc_cpu(server.pid)
@@ -361,6 +394,7 @@ def main(rounds: int, names: list[str], segments: int = 200_000, bulk: int = 2) 
             for k, rs in ways.items()
             if rs
         }
+        out[v]["guest_link"] = gso.get(v, {})
         if per_packet[v]:
             out[v]["segment_cpu_ns"] = round(statistics.median(per_packet[v]))
             out[v]["segment_cpu_runs"] = [round(x) for x in per_packet[v]]
