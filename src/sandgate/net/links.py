@@ -23,16 +23,6 @@ from pathlib import Path
 from sandgate import TYPE_CHECKING
 from sandgate.errors import NetError
 from sandgate.net import ns
-from sandgate.net.netlink import (
-    NLM_F_ACK,
-    NLM_F_REQUEST,
-    NLMSG_ERROR,
-    NLMSGHDR,
-    nl_attrs,
-    nl_error_code,
-    nl_messages,
-    pack_attr,
-)
 
 if TYPE_CHECKING:  # the compiler pulls in policy/ and pydantic, which `run` does not need
     from typing import Any, Literal
@@ -368,12 +358,18 @@ IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 
 
 def _link_request(mtype: int, flags: int, index: int, attrs: bytes = b"", seq: int = 1) -> bytes:
+    # Imported here, as below: net/netlink.py loads typing, which `sandgate run` does not
+    # (tests/unit/test_cli_fastrun.py), and a run's join never needs these.
+    from sandgate.net.netlink import NLMSGHDR
+
     body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0) + attrs
     return NLMSGHDR.pack(NLMSGHDR.size + len(body), mtype, flags, seq, 0) + body
 
 
 def gso_limits_request(index: int, size: int, seq: int = 1) -> bytes:
     """RTM_NEWLINK for link ``index``: its GSO and GRO limits, IPv6's and IPv4's, to ``size``."""
+    from sandgate.net.netlink import NLM_F_ACK, NLM_F_REQUEST, pack_attr
+
     value = struct.pack("=I", size)
     attrs = b"".join(pack_attr(a, value) for a in GSO_ATTRS.values())
     return _link_request(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, index, attrs, seq)
@@ -382,6 +378,8 @@ def gso_limits_request(index: int, size: int, seq: int = 1) -> bytes:
 def read_gso_limits(reply: bytes) -> dict[str, int]:
     """The GSO/GRO limits in an RTM_NEWLINK message (a GETLINK's answer), by ``GSO_ATTRS`` name;
     a kernel without the IPv4 pair leaves those out."""
+    from sandgate.net.netlink import nl_attrs, nl_messages
+
     for mtype, _flags, _seq, start, end in nl_messages(reply):
         if mtype == RTM_NEWLINK:
             attrs = nl_attrs(reply, start + IFINFOMSG.size, end)
@@ -391,6 +389,8 @@ def read_gso_limits(reply: bytes) -> dict[str, int]:
 
 def gso_limits(index: int) -> dict[str, int]:
     """Link ``index``'s GSO/GRO limits, in the calling thread's namespace."""
+    from sandgate.net.netlink import NLM_F_REQUEST
+
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as s:
         s.send(_link_request(RTM_GETLINK, NLM_F_REQUEST, index))
         return read_gso_limits(s.recv(65536))
@@ -400,6 +400,8 @@ def set_gso_limits(index: int, size: int) -> None:
     """Set link ``index``'s GSO/GRO limits (in the calling thread's namespace); raise NetError
     with the kernel's errno if it refuses (above the device's tso_max_size, or a kernel before
     5.19 asked for more than 64 KiB; one before 6.3 ignores the IPv4 pair)."""
+    from sandgate.net.netlink import NLMSG_ERROR, nl_error_code, nl_messages
+
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as s:  # NETLINK_ROUTE
         s.send(gso_limits_request(index, size))
         reply = s.recv(4096)
