@@ -42,7 +42,7 @@ veth's 524,280), 2026-12-07, idle, 6 rounds: download / upload MB/s and s/GB, pl
 2,884). A third as many packets a GB: every per-packet cost (the rules, conntrack, NAT, the
 stack) shrinks with them. It only pays where every link of the path takes such segments (one
 that does not cuts each into MSS-sized packets in software), which is why sandgate does not set
-it on its links by default (docs/NOTES.md, 2026-12-07).
+it on its links by default (bench/gso.py; docs/NOTES.md, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ from collections.abc import Callable, Iterator
 from ipaddress import IPv4Network
 from typing import Any
 
+from bench import gso
 from sandgate import cleanup
-from sandgate.net import iptables, links, ns
+from sandgate.net import iptables, ns
 from sandgate.net.compile import GuestLink, base_ruleset, guest_add, guest_uid_log
 from sandgate.net.links import GATEWAY_SYSCTLS, link_sysctl_values
 from sandgate.net.netlink import run_in_netns
@@ -222,7 +223,7 @@ def _gso(size: int) -> Callable[[World], None]:
     """Every link end's GSO/GRO limits (IPv4's too: BIG TCP above 64 KiB) set to ``size``."""
 
     def limit(dev: str) -> Callable[[], None]:
-        return lambda: links.set_gso_limits(socket.if_nametoindex(dev), size)
+        return lambda: gso.set_gso_limits(socket.if_nametoindex(dev), size)
 
     def go(w: World) -> None:
         for side, dev in ENDS:
@@ -345,7 +346,7 @@ def main(rounds: int, names: list[str], segments: int = 200_000, bulk: int = 2) 
         v: {"download": [], "upload": []} for v in names
     }
     per_packet: dict[str, list[float]] = {v: [] for v in names}
-    gso: dict[str, dict[str, int]] = {}  # the guest link's limits under each variant, as read
+    limits: dict[str, dict[str, int]] = {}  # the guest link's limits under each variant, as read
     load0 = os.getloadavg()
     with world() as w:
         server = subprocess.Popen(
@@ -363,7 +364,7 @@ def main(rounds: int, names: list[str], segments: int = 200_000, bulk: int = 2) 
                 for v in names:
                     clear(w)
                     VARIANTS[v](w)
-                    gso[v] = in_ns(w.c, lambda: links.gso_limits(socket.if_nametoindex("eth0")))
+                    limits[v] = in_ns(w.c, lambda: gso.gso_limits(socket.if_nametoindex("eth0")))
                     time.sleep(0.2)
                     for mode, key in (("d", "download"), ("u", "upload"))[:bulk]:
                         c0, s0 = proc_cpu(client.pid), proc_cpu(server.pid)
@@ -394,7 +395,7 @@ def main(rounds: int, names: list[str], segments: int = 200_000, bulk: int = 2) 
             for k, rs in ways.items()
             if rs
         }
-        out[v]["guest_link"] = gso.get(v, {})
+        out[v]["guest_link"] = limits.get(v, {})
         if per_packet[v]:
             out[v]["segment_cpu_ns"] = round(statistics.median(per_packet[v]))
             out[v]["segment_cpu_runs"] = [round(x) for x in per_packet[v]]

@@ -16,7 +16,6 @@ import contextlib
 import ipaddress
 import os
 import socket
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -345,66 +344,3 @@ class Plumber:
         idx = self._index(ifname)
         self.ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
         self.ipr.link("set", index=idx, state="up")
-
-
-# -- GSO/GRO limits ---------------------------------------------------------------------------
-
-# BIG TCP (segments above 64 KiB) is measured with these (bench/kpath.py, docs/NOTES.md) and not
-# on by default. linux/if_link.h: pyroute2 0.9.7's ifinfmsg stops at IFLA_ALLMULTI (61), before
-# the IPv4 limits (6.3+), so the one request that needs them is built here.
-GSO_ATTRS = {"gso": 41, "gro": 58, "gso_ipv4": 63, "gro_ipv4": 64}  # IFLA_{GSO,GRO}[_IPV4]_MAX_SIZE
-RTM_NEWLINK, RTM_GETLINK = 16, 18
-IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
-
-
-def _link_request(mtype: int, flags: int, index: int, attrs: bytes = b"", seq: int = 1) -> bytes:
-    # Imported here, as below: net/netlink.py loads typing, which `sandgate run` does not
-    # (tests/unit/test_cli_fastrun.py), and a run's join never needs these.
-    from sandgate.net.netlink import NLMSGHDR
-
-    body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0) + attrs
-    return NLMSGHDR.pack(NLMSGHDR.size + len(body), mtype, flags, seq, 0) + body
-
-
-def gso_limits_request(index: int, size: int, seq: int = 1) -> bytes:
-    """RTM_NEWLINK for link ``index``: its GSO and GRO limits, IPv6's and IPv4's, to ``size``."""
-    from sandgate.net.netlink import NLM_F_ACK, NLM_F_REQUEST, pack_attr
-
-    value = struct.pack("=I", size)
-    attrs = b"".join(pack_attr(a, value) for a in GSO_ATTRS.values())
-    return _link_request(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, index, attrs, seq)
-
-
-def read_gso_limits(reply: bytes) -> dict[str, int]:
-    """The GSO/GRO limits in an RTM_NEWLINK message (a GETLINK's answer), by ``GSO_ATTRS`` name;
-    a kernel without the IPv4 pair leaves those out."""
-    from sandgate.net.netlink import nl_attrs, nl_messages
-
-    for mtype, _flags, _seq, start, end in nl_messages(reply):
-        if mtype == RTM_NEWLINK:
-            attrs = nl_attrs(reply, start + IFINFOMSG.size, end)
-            return {k: struct.unpack("=I", attrs[a])[0] for k, a in GSO_ATTRS.items() if a in attrs}
-    raise NetError("no link in the kernel's answer")
-
-
-def gso_limits(index: int) -> dict[str, int]:
-    """Link ``index``'s GSO/GRO limits, in the calling thread's namespace."""
-    from sandgate.net.netlink import NLM_F_REQUEST
-
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as s:
-        s.send(_link_request(RTM_GETLINK, NLM_F_REQUEST, index))
-        return read_gso_limits(s.recv(65536))
-
-
-def set_gso_limits(index: int, size: int) -> None:
-    """Set link ``index``'s GSO/GRO limits (in the calling thread's namespace); raise NetError
-    with the kernel's errno if it refuses (above the device's tso_max_size, or a kernel before
-    5.19 asked for more than 64 KiB; one before 6.3 ignores the IPv4 pair)."""
-    from sandgate.net.netlink import NLMSG_ERROR, nl_error_code, nl_messages
-
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as s:  # NETLINK_ROUTE
-        s.send(gso_limits_request(index, size))
-        reply = s.recv(4096)
-    for mtype, _flags, _seq, start, end in nl_messages(reply):
-        if mtype == NLMSG_ERROR and (code := nl_error_code(reply, start, end)):
-            raise NetError(f"link {index}: GSO limit {size}: {os.strerror(-code)}")
