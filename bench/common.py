@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,6 @@ def paired(ours: Sequence[dict[str, Any]], peer: Sequence[dict[str, Any]]) -> di
     }
 
 
-
 def summary_ms(values: Sequence[float]) -> dict[str, float]:
     """Seconds in, milliseconds out: median and p90."""
     return {"median_ms": median(values) * 1e3, "p90_ms": pct(values, 90) * 1e3}
@@ -118,6 +117,22 @@ def proc_cpu(pid: int) -> tuple[float, float]:
         return 0.0, 0.0
     fields = raw.rsplit(")", 1)[1].split()
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def group_cpu(pids: int | tuple[int, ...]) -> tuple[float, float]:
+    """proc_cpu of one process, or the sum over several."""
+    if isinstance(pids, int):
+        return proc_cpu(pids)
+    each = [proc_cpu(pid) for pid in pids]
+    return sum(u for u, _ in each), sum(s for _, s in each)
+
+
+def gateway_pids(gateway: Any) -> tuple[int, ...]:
+    """The gateway daemon's processes: itself and its store's writer (events/writer.py), whose
+    work was the daemon's own until it moved out (so it counts in every gateway figure)."""
+    with gateway.client() as ctl:
+        writer = ctl.call("metrics").get("store_writer_pid")
+    return (gateway.pid, writer) if writer else (gateway.pid,)
 
 
 def system_cpu() -> tuple[float, float, float]:
@@ -142,7 +157,8 @@ class Sample:
 class Sampler:
     """Samples system and per-process CPU every ``interval`` s, so any window can be judged."""
 
-    pids: dict[str, int] = field(default_factory=dict)
+    # name -> a pid, or several summed (the gateway and its store's writer: gateway_pids)
+    pids: Mapping[str, int | tuple[int, ...]] = field(default_factory=dict)
     # name -> (user, system) seconds of something that is not one process (srt's tree);
     # replace the whole dict to add one while sampling
     extra: dict[str, Callable[[], tuple[float, float]]] = field(default_factory=dict)
@@ -153,7 +169,7 @@ class Sampler:
 
     def _take(self) -> None:
         busy, softirq, total = system_cpu()
-        procs = {name: proc_cpu(pid) for name, pid in self.pids.items()}
+        procs = {name: group_cpu(pid) for name, pid in self.pids.items()}
         procs.update({name: read() for name, read in self.extra.items()})
         self.samples.append(Sample(time.time(), busy, softirq, total, procs))
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import Sampler, log, median, pct, spawn, stop, wait_udp_port
+from bench.common import Sampler, gateway_pids, log, median, pct, spawn, stop, wait_udp_port
 from bench.stack import BENCH_ZONE, CACHED_NAME, PEER_LINK, UPSTREAM, BenchStack
 from bench.stack import dnsmasq_argv as dnsmasq
 from sandgate.events.schema import Kind
@@ -190,7 +190,10 @@ def sandgate_run(bs: BenchStack, load: Load, work: Path) -> DnsRun:
     out = work / f"out-sandgate-{_slug(load.name)}.txt"
     args = dnsperf_args("", load, f"/work/{qfile.name}")
     del args[1:3]  # -s comes from the wrapper (the sandbox's own resolv.conf)
-    pids = {"resolver": bs.stack.gateway.pid, "upstream": bs.net.procs[0].pid}
+    pids: dict[str, int | tuple[int, ...]] = {
+        "resolver": gateway_pids(bs.stack.gateway),
+        "upstream": bs.net.procs[0].pid,
+    }
     opts = RunOptions(
         command=["bash", "/work/wrap.sh", "", *args],
         env={"OUT": f"/work/{out.name}"},
@@ -201,7 +204,7 @@ def sandgate_run(bs: BenchStack, load: Load, work: Path) -> DnsRun:
         timeout=load.seconds + 30,
         label=f"bench dns {load.name}",
     )
-    with Sampler(pids, extra=_waits(pids["resolver"])) as sampler:
+    with Sampler(pids, extra=_waits(bs.stack.gateway.pid)) as sampler:
         result = run_in(bs.stack, opts)
     run = DnsRun("sandgate", load.name)
     parse_dnsperf(out.read_text(), run)

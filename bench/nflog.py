@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bench.common import Sampler, log
+from bench.common import Sampler, gateway_pids, log
 from bench.stack import DROP_LOG_RATE, BenchStack
 from sandgate.events.schema import Kind
 from sandgate.events.store import Store
@@ -81,7 +81,7 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
         timeout=seconds + 60,
         label="bench nflog",
     )
-    with Sampler({"gateway": bs.stack.gateway.pid}) as sampler:
+    with Sampler({"gateway": gateway_pids(bs.stack.gateway)}) as sampler:
         result = run_in(bs.stack, opts)
     with bs.stack.gateway.client() as ctl:
         after = ctl.call("status")

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import peer_proxies, tls_source
-from bench.common import Sampler, log, machine, median, paired, pct, stdout_to
+from bench.common import Sampler, gateway_pids, log, machine, median, paired, pct, stdout_to
 from bench.peer_proxies import Peers
 from bench.proxy_agents import Agent, Step, read_steps, words
 from bench.stack import UPSTREAM, BenchStack, bench_stack
@@ -425,7 +425,11 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
     only = [k for k in os.environ.get("SANDGATE_BENCH_PATHS", "").split(",") if k]
     if only:
         specs = [p for p in specs if p.key in only]
-    pids = {"server": source.server.pid, "gateway": bs.stack.gateway.pid, **peers.pids}
+    pids: dict[str, int | tuple[int, ...]] = {
+        "server": source.server.pid,
+        "gateway": gateway_pids(bs.stack.gateway),
+        **peers.pids,
+    }
     ca = str(peers.ca_bundle) if peers.ca_bundle else None
     agents: dict[str, Agent] = {}
     failures: list[str] = []

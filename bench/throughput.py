@@ -42,7 +42,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from bench.common import Sampler, log, median, paired, pct, spawn_ready, stdout_to
+from bench.common import (
+    Sampler,
+    gateway_pids,
+    log,
+    median,
+    paired,
+    pct,
+    spawn_ready,
+    stdout_to,
+)
 from bench.proxy_agents import SCRIPT_LIB, Agent, Step, read_steps, words
 from bench.stack import UPSTREAM, BenchStack
 from sandgate.session.runner import RunOptions
@@ -188,8 +197,12 @@ def measure(bs: BenchStack, quick: bool) -> dict[str, Any]:
             *(UPSTREAM, str(BULK_PORT), str(SIZE), str(work / "bulk.data")),
         ],
     )
-    gw = bs.stack.gateway.pid
-    pids = {"gateway": gw, "web": bs.world_pid("web"), "bulk": bulk.pid}
+    gw = gateway_pids(bs.stack.gateway)
+    pids: dict[str, int | tuple[int, ...]] = {
+        "gateway": gw,
+        "web": bs.world_pid("web"),
+        "bulk": bulk.pid,
+    }
     pairs = {  # curl's arguments (the URL last), the session's --allow, the server's name
         "web": ([web_url(SIZE)], [], "web"),
         "direct": (["--noproxy", "*", BULK_URL], [f"{UPSTREAM}:{BULK_PORT}"], "bulk"),

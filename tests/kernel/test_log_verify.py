@@ -5,6 +5,7 @@ verifies again."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -47,3 +48,16 @@ def test_log_verify_names_a_verdict_changed_with_sqlite3(stack: Stack, store_pat
     sqlite(store_path, f"UPDATE events SET verdict = 'deny' WHERE id = {row}")
     again = sg("log", "verify", home=home)
     assert again.returncode == 0, again.stderr
+
+
+def test_the_gateway_stores_from_a_process_of_its_own(stack: Stack, store_path: Path) -> None:
+    """events/writer.py: the daemon's batches go to a child it started, which holds the store."""
+    with stack.gateway.client() as ctl:
+        pid = ctl.call("metrics")["store_writer_pid"]
+    assert pid and pid != stack.gateway.pid
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    assert stat[0] != "Z" and int(stat[1]) == stack.gateway.pid
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"sandgate.events.writer" in argv and str(store_path).encode() in argv
+    held = {os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()}
+    assert str(store_path) in held

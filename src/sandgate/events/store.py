@@ -101,7 +101,10 @@ class Store:
             self._db.close()
 
     def add(self, events: Iterable[Event]) -> int:
-        rows = [e.row() for e in events]
+        return self.add_rows([e.row() for e in events])
+
+    def add_rows(self, rows: list[tuple[Any, ...]]) -> int:
+        """Rows as ``Event.row()`` gives them (the writer process's input, events/writer.py)."""
         if not rows:
             return 0
         with self._lock, self._db:

@@ -72,6 +72,7 @@ class Gateway:
             self.table.session_of,
             self.table.is_canary,  # the canary's traffic is the watchdog's, not the log's
             lambda key, uid, ts: inferred(self.table, key, uid, ts),
+            own_process=True,
         )
         self.feed = LogFeed(self.sink, self.sites, self.table)
         self.resolver = Resolver(list(cfg.upstream_dns), self.sink.flow, self._pin)
@@ -261,7 +262,7 @@ class Gateway:
         for path in (self.cfg.control_path, self.cfg.run_dir / "daemon.pid"):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        self.sink.store.close()
+        self.sink.close()
 
     async def _adopt_handed(self) -> None:
         """A gateway VM's guests, one per handed link, in slot order; then the proof that the
@@ -347,6 +348,7 @@ class Gateway:
         # Exact totals since start (report/metrics.py renders them for Prometheus).
         return {
             "pid": os.getpid(),
+            "store_writer_pid": self.sink.writer_pid,  # its CPU is the gateway's too
             "sites": self.guests_.site_totals(),
             "events": [[*key, n] for key, n in self.sink.tally.items()],
             "guests": len(self.table),

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from sandgate.events.schema import Event, FlowKey, Kind, category_of
 from sandgate.events.store import Store
+from sandgate.events.writer import Child
 from sandgate.gateway.logs.attribution import Attributor
 
 Infer = Callable[[FlowKey, int | None, float], Event | None]
@@ -33,6 +34,8 @@ class EventSink:
         session_of: Callable[[str | None], str | None],
         quiet: Callable[[str | None], bool],
         infer: Infer,
+        *,
+        own_process: bool = False,
     ) -> None:
         self.store = store
         self._session_of = session_of
@@ -47,6 +50,13 @@ class EventSink:
         # One writer, so batches are stored (and hash-chained) in the order they were handed.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandgate-store")
         self._stored: Future[None] | None = None  # the last batch handed to the writer
+        # The gateway stores from a process of its own (events/writer.py: a writer thread
+        # costs the event loop the GIL); the thread then only hands batches over.
+        self._child = Child(store.path, store.add_rows) if own_process else None
+
+    @property
+    def writer_pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop that events from other threads (the proxy's) are handed to."""
@@ -99,9 +109,21 @@ class EventSink:
 
     def _add(self, events: list[Event]) -> None:
         try:
-            self.store.add(events)
+            rows = [e.row() for e in events]
+            if self._child is not None:
+                self._child.add(rows)
+            else:
+                self.store.add_rows(rows)
         except Exception:  # the store must never take the gateway down
             traceback.print_exc(file=sys.stderr)
+
+    def close(self) -> None:
+        """Store what is pending, end the writer process, close the store."""
+        self.flush()
+        if self._child is not None:
+            self._child.close()
+        self._writer.shutdown()
+        self.store.close()
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[asyncio.Queue[Event]]:
