@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 _LENGTH = struct.Struct("!I")
+NICE = 10
 Row = tuple[Any, ...]
 
 
@@ -150,6 +151,10 @@ def main() -> None:
     # Only the end of its input ends the child: a Ctrl-C to the daemon's terminal reaches its
     # whole group, and the daemon still hands over its last batch as it stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Storing can wait; the loop's answers cannot: on a full machine a woken event loop takes
+    # the core from this process, not the other way round (its batches still get ~10 % of a
+    # core against one busy task, and all of an idle one).
+    os.nice(NICE)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # nothing printed by accident can garble an answer
     serve(Path(sys.argv[1]), sys.stdin.buffer, answers)
