@@ -22,7 +22,7 @@ SRC = Path(sandgate.__file__).parent
 EXPORTS = {
     "sandgate.agents": ["demo_agent", "frameworks", "registry", "scripted_agent"],
     "sandgate.doctor": ["driver", "hops", "judge", "plan", "runner"],
-    "sandgate.events": ["chain", "ocsf", "redact", "schema", "store", "verify"],
+    "sandgate.events": ["chain", "ocsf", "redact", "schema", "store", "verify", "writer"],
     "sandgate.export": ["cilium", "gatewayvm", "k8s", "space", "unexpressed"],
     "sandgate.gateway": [
         "approvals", "collector", "config", "control", "daemon", "dns", "guests", "handed",

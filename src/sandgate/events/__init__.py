@@ -1,5 +1,5 @@
 """One event schema with the Decision inside (and the flow key enforcers join records by), the
-SQLite store with its hash chain, the OCSF export.
+SQLite store with its hash chain and its writer process, the OCSF export.
 """
 
 __all__ = [
@@ -9,4 +9,5 @@ __all__ = [
     "schema",
     "store",
     "verify",
+    "writer",
 ]
