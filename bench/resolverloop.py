@@ -54,7 +54,7 @@ from typing import Any
 
 import dns.message
 
-from bench.common import machine
+from bench.common import machine, proc_cpu
 from bench.stack import dnsmasq_argv
 from sandgate.events.schema import Event, FlowKey
 from sandgate.events.store import Store
@@ -94,12 +94,8 @@ def _others() -> tuple[float, float]:
 
 
 def _process_cpu(pid: int | None) -> float:
-    """User and system CPU seconds of a live process (the store's writer), 0 without one."""
-    if pid is None:
-        return 0.0
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User and system CPU seconds of the store's writer process, 0 without one."""
+    return sum(proc_cpu(pid)) if pid is not None else 0.0
 
 
 def _bench_cost(before: tuple[float, float], n: int) -> dict[str, float]:
