@@ -169,3 +169,25 @@ def test_alias_refusal_names_the_rule() -> None:
     )
     assert d.reason is Reason.CNAME_TARGET and d.rule is not None and d.rule.ref == "agent.deny[0]"
     assert "gist.github.com" in d.detail
+
+
+def _special_by_walk(name: str) -> N.SpecialName | None:
+    """The table read the plain way: every suffix of the name, longest first."""
+    labels = name.split(".")
+    zones = {row.zone: row for row in N.SPECIAL_NAMES}
+    return next(
+        (zones[z] for i in range(len(labels)) if (z := ".".join(labels[i:])) in zones), None
+    )
+
+
+LABELS = st.sampled_from(
+    ("", "a", "x", "local", "localhost", "arpa", "home", "internal", "google", "metadata", "goog")
+) | st.sampled_from(
+    ("onion", "alt", "invalid", "resolver", "service", "ipv4only", "ec2", "instance-data")
+)
+
+
+@given(st.lists(LABELS, min_size=1, max_size=5))
+def test_special_name_is_the_suffix_walk(labels: list[str]) -> None:
+    name = ".".join(labels)
+    assert N.special_name(name) == _special_by_walk(name), name

@@ -233,9 +233,7 @@ def _request(profile: Profile, attempt: Attempt, d: Decision) -> Decision:
         return _allowed_by(d, rule, f": {entry}" if entry is not None else "")
     by_request = [r for r in restricting if r.spec.requests and attempt.method is not None]
     shown = path.split("?", 1)[0][:200]
-    if by_request and not any(
-        q.matches(method, path) for r in by_request for q in r.spec.requests
-    ):
+    if by_request and not any(q.matches(method, path) for r in by_request for q in r.spec.requests):
         only = "; ".join(
             f"{r.ref} ({r.label}) allows only {', '.join(map(str, r.spec.requests))}"
             for r in by_request
@@ -407,6 +405,25 @@ def decide_answer(profile: Profile, name: str, address: IPAddress) -> Decision:
     guest or the gateway. A port-scoped deny rule (``gist.github.com`` port 22) lets the name
     resolve; its port is refused at L3 through the name's pin set (policy/pins.py).
     """
+    refused = answer_refusal(profile, name, address)
+    if refused is not None:
+        return refused
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return allow(Reason.ANSWER, detail=f"{name} → {address}")
+
+
+# What the address alone says of an answer is the same for every name (a name only changes
+# the wording of a refusal), so the addresses found fine are remembered per profile: an
+# upstream's answers repeat their addresses (a CDN's, a registry's) far more than their names.
+_ANSWER_MEMO = "answer_addresses"
+_ANSWER_MEMO_MAX = 65_536
+
+
+def answer_refusal(profile: Profile, name: str, address: IPAddress) -> Decision | None:
+    """``decide_answer``'s verdict where it refuses, None where it allows: the resolver's hot
+    path, which makes no Decision for an address it passes (tests/unit/test_answer_memo.py
+    checks it against the verdict made afresh)."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     for rule in profile.index.deny.candidates(address, name):
@@ -414,11 +431,28 @@ def decide_answer(profile: Profile, name: str, address: IPAddress) -> Decision:
             rule.matches_address(address, None, Protocol.TCP) or rule.matches_lookup(name)
         ):
             return deny(Reason.RULE_DENY, f"{rule.ref} ({rule.label})", rule)
+    memo: dict[object, bool] | None = profile.index.memo.get(_ANSWER_MEMO)
+    if memo is None:
+        memo = profile.index.memo.setdefault(_ANSWER_MEMO, {})
+    key = int(address) if address.version == 4 else address  # an int never equals a v6 address
+    if key in memo:
+        return None
+    refused = _address_refusal(profile, name, address)
+    if refused is None:
+        if len(memo) >= _ANSWER_MEMO_MAX:
+            memo.clear()
+        memo[key] = True
+    return refused
+
+
+def _address_refusal(profile: Profile, name: str, address: IPAddress) -> Decision | None:
+    """An answer's address refused whatever the port: one no attempt of any protocol may reach
+    (special-purpose, another guest, the gateway); None otherwise."""
     refusals = []
     for proto in Protocol:
         d = _judge_address(profile, Attempt(proto, address, None, name), address)
         if d is None or d.allowed or d.reason not in _REFUSED_ANSWERS:
-            return allow(Reason.ANSWER, detail=f"{name} → {address}")
+            return None
         refusals.append(d)
     first = refusals[0]
     return deny(Reason.REBINDING, first.detail, classification=first.classification)

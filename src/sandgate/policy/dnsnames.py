@@ -90,8 +90,14 @@ SPECIAL_NAMES: tuple[SpecialName, ...] = tuple(SpecialName(*row) for row in _ROW
 _BY_ZONE = {row.zone: row for row in SPECIAL_NAMES}
 
 
+# A zone holds a name only if both end in the same label: most names end in none of these.
+_LAST_LABELS = frozenset(row.zone.rsplit(".", 1)[-1] for row in SPECIAL_NAMES)
+
+
 def special_name(name: str) -> SpecialName | None:
     """The most specific row whose zone is ``name`` or contains it (``name`` normalised)."""
+    if name[name.rfind(".") + 1 :] not in _LAST_LABELS:
+        return None
     labels = name.split(".")
     for i in range(len(labels)):  # longest suffix first
         row = _BY_ZONE.get(".".join(labels[i:]))

@@ -73,26 +73,38 @@ class RuleList(Generic[R]):
         return out
 
     def candidates(self, address: IPAddress | None, name: str | None) -> list[R]:
-        """Every rule that could match ``address`` or ``name``, in profile order."""
+        """Every rule that could match ``address`` or ``name``, in profile order. Hot (a few
+        calls a DNS question): what the list does not have is not looked for."""
         if self.linear:
             return list(self.rules)
         found: list[int] = []
-        if address is not None:
-            value, bits = int(address), address.max_prefixlen
-            for length, by_net in self.nets.get(address.version, {}).items():
-                hit = by_net.get(value >> (bits - length) << (bits - length))
+        if address is not None and self.nets:
+            by_length = self.nets.get(address.version)
+            if by_length:
+                value, bits = int(address), address.max_prefixlen
+                for length, by_net in by_length.items():
+                    hit = by_net.get(value >> (bits - length) << (bits - length))
+                    if hit:
+                        found += hit
+        if name is not None:
+            if self.exact:
+                hit = self.exact.get(name)
                 if hit:
                     found += hit
-        if name is not None:
-            found += self.exact.get(name, ())
-            if self.wild:
-                rest = name
-                while "." in rest:
-                    rest = rest.split(".", 1)[1]
-                    found += self.wild.get(rest, ())
+            wild = self.wild
+            if wild:
+                dot = name.find(".")
+                while dot >= 0:  # the bases under the name: "b.example.com", "example.com", "com"
+                    hit = wild.get(name[dot + 1 :])
+                    if hit:
+                        found += hit
+                    dot = name.find(".", dot + 1)
+        if not found:
+            return []
         if len(found) > 1:
             found = sorted(set(found))
-        return [self.rules[i] for i in found]
+        rules = self.rules
+        return [rules[i] for i in found]
 
 
 @dataclass(eq=False)

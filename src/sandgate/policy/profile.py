@@ -167,6 +167,8 @@ class Profile:
         return tuple(r for r in self.allow if r.spec.host_loopback is not None)
 
     def front(self, name: str | None) -> Front | None:
+        if not self.fronts:  # most profiles (and a DNS question's hot path: no generator)
+            return None
         return next((f for f in self.fronts if f.name == name), None)
 
     def model_hosts(self) -> list[str]:
