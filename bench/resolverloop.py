@@ -215,7 +215,12 @@ async def _round(load: str, work: Path) -> dict[str, Any]:
         tag = secrets.token_hex(3)
         names.write_text("".join(f"q{i}.{tag}.{ZONE} A\n" for i in range(int(40_000 * SECONDS))))
     args = ["dnsperf", "-s", str(LINK.gateway), "-d", str(names), "-l", f"{SECONDS:g}", "-t", "2"]
-    args += ["-c", "4", "-v"] + (["-q", "1000", "-Q", "20000"] if cached else ["-q", "200"])
+    if cached:
+        args += ["-c", "4", "-v", "-q", "1000", "-Q", "20000"]
+    elif load.endswith("20k"):  # offered past what it answers: bench/dnsperf.py's "uncached 20k"
+        args += ["-c", "4", "-v", "-q", "2000", "-Q", "20000"]
+    else:
+        args += ["-c", "4", "-v", "-q", "200"]
     args += [] if cached else ["-n", "1"]
     before, asked = resource.getrusage(resource.RUSAGE_SELF), resolver.questions
     writer_before = _process_cpu(sink.writer_pid)

@@ -90,3 +90,16 @@ def test_the_index_answers_as_the_scan(profile: Profile, tries: list[Any]) -> No
             if ip is not None:
                 a, b = decide_answer(profile, name, ip), decide_answer(scan, name, ip)
                 assert (a.key, a.rule_ref) == (b.key, b.rule_ref), (name, ip)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(profiles(), st.lists(attempts, min_size=1, max_size=12))
+def test_a_lookup_asked_again_is_the_lookup_made_afresh(profile: Profile, tries: list[Any]) -> None:
+    """``candidates`` answers a repeat from its last lookup: interleaved with others, every
+    answer is the one a list with nothing remembered gives."""
+    for address, name, _, _ in tries + tries[::-1]:
+        ip = ipaddress.ip_address(address) if address else None
+        for rules in (profile.index.allow, profile.index.deny):
+            fresh = RuleIndex.of(rules.rules, ()).allow.candidates(ip, name)
+            assert rules.candidates(ip, name) == fresh
+            assert rules.candidates(ip, name) == fresh  # the repeat, from the last lookup

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.events import writer
-from sandgate.events.schema import Event, Kind
+from sandgate.events.schema import Event, FrozenDetails, Kind
 from sandgate.events.store import Store
 from sandgate.gateway.sink import EventSink
 
@@ -25,12 +25,24 @@ def _sink(path: Path, own_process: bool) -> EventSink:
     )  # fmt: skip
 
 
+def _details(i: int) -> dict[str, object]:
+    """Details of every shape the child encodes, or (the enum, in the second batch only) the
+    daemon encodes for it: the stored rows must not tell which."""
+    shapes: list[dict[str, object]] = [
+        {"qtype": "A", "answers": [f"192.0.2.{i % 250}"]},
+        {},
+        FrozenDetails.of({"qtype": "A", "hit": True}),
+        {"nested": {"b": [1, 2.5, True, None]}, "pair": (1, "x"), "z": -3},
+        {"kind": Kind.DNS} if 700 <= i < 1400 else {"note": "é ünïcode"},
+    ]
+    return shapes[i % len(shapes)]
+
+
 def _event(i: int) -> Event:
     return Event(
         kind=Kind.DNS, ts=1_800_000_000.0 + i, guest="sg-g1", verdict="allow",
         reason="allow.domain", src="10.200.0.2", dst="10.200.0.1", port=53, protocol="udp",
-        name=f"q{i}.example.test", uid=1000 + i % 3,
-        details={"qtype": "A", "answers": [f"192.0.2.{i % 250}"]},
+        name=f"q{i}.example.test", uid=1000 + i % 3, details=_details(i),
     )  # fmt: skip
 
 
@@ -124,3 +136,18 @@ def test_frames_round_trip_and_a_cut_one_is_the_end() -> None:
     assert writer.read_frame(f) == []
     assert writer.read_frame(f) is None
     assert writer.read_frame(io.BytesIO(writer.frame(rows)[:-1])) is None
+
+
+def test_the_child_encodes_details_as_the_daemon_would(tmp_path: Path) -> None:
+    """Plain details cross as data and are encoded by the child (``serve``); a detail marshal
+    cannot carry is refused by ``frame``, so the daemon encodes that batch itself."""
+    plain = [_event(i) for i in range(700)]
+    raw = [e.raw_row() for e in plain]
+    assert any(isinstance(r[-1], dict) for r in raw)  # sent as data, not as JSON
+    out = io.BytesIO()
+    writer.serve(tmp_path / "child.db", io.BytesIO(writer.frame(raw)), out)
+    assert out.getvalue() == b"ok\n"
+    Store(tmp_path / "daemon.db").add(plain)
+    assert _stored(tmp_path / "child.db") == _stored(tmp_path / "daemon.db")
+    with pytest.raises(ValueError):
+        writer.frame([_event(704).raw_row()])  # {"kind": Kind.DNS}: a str subclass

@@ -156,11 +156,22 @@ class Event:
 
     def row(self) -> tuple[Any, ...]:
         """The store's row. Hot (every DNS question, every logged packet): no ``asdict``."""
+        return encode_row(self.raw_row())
+
+    def raw_row(self) -> tuple[Any, ...]:
+        """The row with its details still a plain dict, not yet JSON (``encode_row`` makes it
+        ``row()``): the gateway's store writer encodes them in its own process, off the
+        daemon's GIL (events/writer.py)."""
         values = list(_ROW(self))
         values[_KIND_AT] = str(self.kind)
         details = self.details
         text = details.text if isinstance(details, FrozenDetails) else None
-        values[_DETAILS_AT] = text or (_DETAILS_JSON.encode(details) if details else None)
+        if text:
+            values[_DETAILS_AT] = text
+        elif not details:
+            values[_DETAILS_AT] = None
+        elif type(details) is not dict:
+            values[_DETAILS_AT] = dict(details)
         return tuple(values)
 
     @classmethod
@@ -228,3 +239,13 @@ _DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in datacl
 _ATTEMPT_FIELDS = (
     _FIELD_NAMES - {"kind", "verdict", "reason", "rule", "protocol", "port"} - {"category"}
 )
+
+
+def encode_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``Event.raw_row()``'s row as the store keeps it: the details as canonical JSON."""
+    details = row[_DETAILS_AT]
+    if details is None or isinstance(details, str):
+        return row
+    values = list(row)
+    values[_DETAILS_AT] = _DETAILS_JSON.encode(details)
+    return tuple(values)

@@ -10,7 +10,10 @@ same work costs what it costs alone, and the loop is never held.
 The protocol, on the child's stdin and stdout (both ours, so no framing against a foe):
 
 - a batch: 4 bytes of length (network order), then ``marshal`` of a list of rows, each row the
-  tuple ``Event.row()`` gives (str, int, float, None only: what marshal carries exactly);
+  tuple ``Event.raw_row()`` gives (str, int, float, None, and the details as plain data: what
+  marshal carries exactly). The child encodes the details as the store's JSON (``encode_row``),
+  which was ~2-4 µs an event of the daemon's GIL; a batch with a detail marshal cannot carry
+  (an enum, an object) is encoded by the daemon and sent as ``Event.row()``'s rows;
 - its answer: one line, ``ok`` or ``error <text>``, once the batch is committed or refused.
 
 ``python -m sandgate.events.writer STORE`` runs the child; ``Child`` starts and feeds it. A
@@ -27,7 +30,12 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+from sandgate.events.schema import encode_row
+
+if TYPE_CHECKING:
+    from sandgate.events.schema import Event
 
 _LENGTH = struct.Struct("!I")
 NICE = 10
@@ -62,7 +70,7 @@ def serve(store_path: Path, inp: IO[bytes], out: IO[bytes]) -> None:
     try:
         while (rows := read_frame(inp)) is not None:
             try:
-                store.add_rows(rows)
+                store.add_rows([encode_row(r) for r in rows])
                 out.write(b"ok\n")
             except Exception as exc:  # the daemon prints it; the writer goes on
                 text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
@@ -96,13 +104,26 @@ class Child:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def add_events(self, events: Sequence[Event]) -> None:
+        """Store ``events``, their details encoded by the child where marshal carries them."""
+        rows = [e.raw_row() for e in events]
+        try:
+            body = frame(rows)
+        except ValueError:  # a detail marshal cannot carry: encoded here, as the store keeps it
+            rows = [encode_row(r) for r in rows]
+            body = frame(rows)
+        self._send(body, rows)
+
     def add(self, rows: list[Row]) -> None:
         """Store ``rows``; returns once they are committed (or refused, which is printed)."""
+        self._send(frame(rows), rows)
+
+    def _send(self, body: bytes, rows: list[Row]) -> None:
         proc = self._proc
         if proc is not None:
             assert proc.stdin is not None and proc.stdout is not None
             try:
-                proc.stdin.write(frame(rows))
+                proc.stdin.write(body)
                 proc.stdin.flush()
                 answer = proc.stdout.readline()
             except (OSError, ValueError):
@@ -118,7 +139,7 @@ class Child:
             print("sandgate: the store's writer process ended; storing in the daemon",
                   file=sys.stderr)  # fmt: skip
             self._reap()
-        self._fallback(rows)
+        self._fallback([encode_row(r) for r in rows])
 
     def close(self, timeout: float = 10.0) -> None:
         """End of input: the child stores what it has and exits; killed past ``timeout``."""

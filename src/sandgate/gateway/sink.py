@@ -109,11 +109,10 @@ class EventSink:
 
     def _add(self, events: list[Event]) -> None:
         try:
-            rows = [e.row() for e in events]
             if self._child is not None:
-                self._child.add(rows)
+                self._child.add_events(events)
             else:
-                self.store.add_rows(rows)
+                self.store.add_rows([e.row() for e in events])
         except Exception:  # the store must never take the gateway down
             traceback.print_exc(file=sys.stderr)
 

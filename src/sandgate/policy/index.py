@@ -42,6 +42,12 @@ class RuleList(Generic[R]):
     exact: dict[str, list[int]] = field(default_factory=dict)
     wild: dict[str, list[int]] = field(default_factory=dict)
     linear: bool = False  # every rule is a candidate (the reference the tests compare with)
+    # The last lookup and its answer: one DNS question asks the same name's candidates of a
+    # list three or four times (its verdict, pins, inspection). One tuple, replaced whole, so a
+    # thread reading it sees one lookup's.
+    _last: tuple[IPAddress | None, str | None, tuple[R, ...]] | None = field(
+        default=None, repr=False
+    )
 
     @classmethod
     def of(cls, rules: Sequence[R], *, linear: bool = False) -> RuleList[R]:
@@ -72,11 +78,15 @@ class RuleList(Generic[R]):
                     found.append(i)
         return out
 
-    def candidates(self, address: IPAddress | None, name: str | None) -> list[R]:
+    def candidates(self, address: IPAddress | None, name: str | None) -> tuple[R, ...]:
         """Every rule that could match ``address`` or ``name``, in profile order. Hot (a few
-        calls a DNS question): what the list does not have is not looked for."""
+        calls a DNS question): what the list does not have is not looked for, and a lookup
+        made again at once (the same address object, the same name) is answered from the last."""
         if self.linear:
-            return list(self.rules)
+            return tuple(self.rules)
+        last = self._last
+        if last is not None and last[0] is address and last[1] == name:
+            return last[2]
         found: list[int] = []
         if address is not None and self.nets:
             by_length = self.nets.get(address.version)
@@ -100,11 +110,14 @@ class RuleList(Generic[R]):
                         found += hit
                     dot = name.find(".", dot + 1)
         if not found:
-            return []
-        if len(found) > 1:
-            found = sorted(set(found))
-        rules = self.rules
-        return [rules[i] for i in found]
+            result: tuple[R, ...] = ()
+        else:
+            if len(found) > 1:
+                found = sorted(set(found))
+            rules = self.rules
+            result = tuple([rules[i] for i in found])
+        self._last = (address, name, result)
+        return result
 
 
 @dataclass(eq=False)

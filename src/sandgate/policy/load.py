@@ -66,9 +66,7 @@ class Policy:
     source: str  # the path, or BUILTIN
     positions: Mapping[tuple[str | int, ...], Position]
     # An overlay (policy/overlay.py): each rule's file and position, and the policy it extends.
-    origins: dict[tuple[str | int, ...], tuple[str, Position | None]] = field(
-        default_factory=dict
-    )
+    origins: dict[tuple[str | int, ...], tuple[str, Position | None]] = field(default_factory=dict)
     extends: str | None = None
 
     def check(self) -> None:
@@ -466,10 +464,10 @@ def _blockers(deny: Sequence[Rule]) -> Any:
     index = RuleList.of(deny)
     order = {id(r): i for i, r in enumerate(deny)}
 
-    def blockers(rule: Rule) -> list[Rule]:
+    def blockers(rule: Rule) -> Sequence[Rule]:
         spec = rule.spec
         if spec.pattern is not None:
-            found = index.candidates(None, spec.pattern.base)
+            found: Sequence[Rule] = index.candidates(None, spec.pattern.base)
             same = index.wild.get(spec.pattern.base) if spec.pattern.wildcard else None
             if same:  # "*.x.com" covers "*.x.com", whose base it does not match
                 numbers = sorted({order[id(r)] for r in found} | set(same))
@@ -477,7 +475,7 @@ def _blockers(deny: Sequence[Rule]) -> Any:
             return found
         if spec.network is not None:
             return index.candidates(spec.network.network_address, None)
-        return []
+        return ()
 
     return blockers
 
