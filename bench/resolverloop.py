@@ -8,6 +8,8 @@ at 127.9.1.2 and dnsperf asks from outside, so this process's CPU is the resolve
 round, interleaved:
 
 - ``uncached``: every question a new name, as fast as answers come (``-q 200``);
+- ``uncached 20k``: the same offered at 20,000/s with 2,000 outstanding, as ``bench/run
+  foundation``'s "uncached 20k": more than it answers, so whether a backlog costs more a question;
 - ``uncached, no store``: the same with the store's write skipped: what the row costs;
 - ``cached 20k``: one name offered at 20,000/s, with the loop's stalls: each 1 ms tick's wall
   gap beside this thread's own CPU in it (a gap without CPU is a wait for a core);
@@ -396,7 +398,14 @@ async def _floor(work: Path) -> dict[str, Any]:
     }
 
 
-LOADS = ("uncached", "uncached, no store", "uncached, full cache", "uncached, split", "cached 20k")
+LOADS = (
+    "uncached",
+    "uncached 20k",
+    "uncached, no store",
+    "uncached, full cache",
+    "uncached, split",
+    "cached 20k",
+)
 
 
 async def _main(rounds: int) -> dict[str, Any]:
