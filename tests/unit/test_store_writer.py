@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from sandgate.events import writer
-from sandgate.events.schema import Event, FrozenDetails, Kind
+from sandgate.events.schema import Event, FrozenDetails, Kind, encode_row
 from sandgate.events.store import Store
+from sandgate.gateway.logs.procparse import ProcInfo, Role
 from sandgate.gateway.sink import EventSink
 
 
@@ -151,3 +152,22 @@ def test_the_child_encodes_details_as_the_daemon_would(tmp_path: Path) -> None:
     assert _stored(tmp_path / "child.db") == _stored(tmp_path / "daemon.db")
     with pytest.raises(ValueError):
         writer.frame([_event(704).raw_row()])  # {"kind": Kind.DNS}: a str subclass
+
+
+def test_a_process_in_the_details_crosses_as_data() -> None:
+    """What attribution adds to an event (a process's ``details()``) is plain data: were its
+    role the enum, every attributed batch would be encoded on the daemon's loop instead."""
+    info = ProcInfo(
+        pid=41, exe="/usr/bin/pip", cmdline=["pip", "install", "x"], chain=[(41, "pip")],
+        role=Role.TOOL, parents=("/usr/bin/bash",),
+    )  # fmt: skip
+    event = _event(0).but(details={"qtype": "A", "process": info.details()})
+    writer.frame([event.raw_row()])  # marshal refuses any enum, any object
+    assert encode_row(event.raw_row()) == event.row()
+
+
+def test_only_the_row_marshal_cannot_carry_is_encoded_by_the_daemon() -> None:
+    events = [_event(i) for i in range(700, 710)]  # 704: {"kind": Kind.DNS}
+    _, rows = writer.Child.pack(events)
+    assert [isinstance(r[-1], str) for r in rows] == [False, False, True, False, True] * 2
+    assert [encode_row(r) for r in rows] == [e.row() for e in events]

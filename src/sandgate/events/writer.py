@@ -12,8 +12,8 @@ The protocol, on the child's stdin and stdout (both ours, so no framing against 
 - a batch: 4 bytes of length (network order), then ``marshal`` of a list of rows, each row the
   tuple ``Event.raw_row()`` gives (str, int, float, None, and the details as plain data: what
   marshal carries exactly). The child encodes the details as the store's JSON (``encode_row``),
-  which was ~2-4 µs an event of the daemon's GIL; a batch with a detail marshal cannot carry
-  (an enum, an object) is encoded by the daemon and sent as ``Event.row()``'s rows;
+  which was ~2-4 µs an event of the daemon's GIL; a row with a detail marshal cannot carry
+  (an enum, an object) is encoded by the daemon and sent as ``Event.row()`` gives it;
 - its answer: one line, ``ok`` or ``error <text>``, once the batch is committed or refused.
 
 ``python -m sandgate.events.writer STORE`` runs the child; ``Child`` starts and feeds it. A
@@ -45,6 +45,14 @@ Row = tuple[Any, ...]
 def frame(rows: Sequence[Row]) -> bytes:
     body = marshal.dumps(list(rows))
     return _LENGTH.pack(len(body)) + body
+
+
+def _marshals(row: Row) -> bool:
+    try:
+        marshal.dumps(row)
+    except ValueError:
+        return False
+    return True
 
 
 def read_frame(f: IO[bytes]) -> list[Row] | None:
@@ -104,21 +112,27 @@ class Child:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def add_events(self, events: Sequence[Event]) -> None:
-        """Store ``events``, their details encoded by the child where marshal carries them."""
+    @staticmethod
+    def pack(events: Sequence[Event]) -> tuple[bytes, list[Row]]:
+        """A batch's frame and rows, their details left for the child to encode where marshal
+        carries them. The sink makes it on the event loop's thread (gateway/sink.py: why)."""
         rows = [e.raw_row() for e in events]
         try:
-            body = frame(rows)
-        except ValueError:  # a detail marshal cannot carry: encoded here, as the store keeps it
-            rows = [encode_row(r) for r in rows]
-            body = frame(rows)
-        self._send(body, rows)
+            return frame(rows), rows
+        except ValueError:  # a detail marshal cannot carry: that row is encoded here
+            rows = [r if _marshals(r) else encode_row(r) for r in rows]
+            return frame(rows), rows
+
+    def add_events(self, events: Sequence[Event]) -> None:
+        """Store ``events``; returns once they are committed (or refused, which is printed)."""
+        self.send(*self.pack(events))
 
     def add(self, rows: list[Row]) -> None:
         """Store ``rows``; returns once they are committed (or refused, which is printed)."""
-        self._send(frame(rows), rows)
+        self.send(frame(rows), rows)
 
-    def _send(self, body: bytes, rows: list[Row]) -> None:
+    def send(self, body: bytes, rows: list[Row]) -> None:
+        """Store a packed batch (``pack``): ``rows`` are what the fallback stores."""
         proc = self._proc
         if proc is not None:
             assert proc.stdin is not None and proc.stdout is not None

@@ -103,16 +103,32 @@ class EventSink:
             key = (e.kind.value, e.verdict, e.reason, e.category)
             tally[key] = tally.get(key, 0) + e.count
         if events:
-            self._stored = self._writer.submit(self._add, events)
+            if self._child is not None:
+                # The batch's rows and bytes are made here, on the caller's thread (the loop),
+                # in one go: made on the writer thread, its ~1 µs of Python an event was cut
+                # into hundreds of slices by the loop's GIL (~500 futex calls a batch, half a
+                # core at 9k questions a second); the thread now only waits on the pipe.
+                try:
+                    batch = self._child.pack(events)
+                except Exception:  # the store must never take the gateway down
+                    traceback.print_exc(file=sys.stderr)
+                else:
+                    self._stored = self._writer.submit(self._send, *batch)
+            else:
+                self._stored = self._writer.submit(self._add, events)
         if wait and self._stored is not None:
             self._stored.result()
 
+    def _send(self, body: bytes, rows: list[tuple[object, ...]]) -> None:
+        assert self._child is not None
+        try:
+            self._child.send(body, rows)
+        except Exception:  # the store must never take the gateway down
+            traceback.print_exc(file=sys.stderr)
+
     def _add(self, events: list[Event]) -> None:
         try:
-            if self._child is not None:
-                self._child.add_events(events)
-            else:
-                self.store.add_rows([e.row() for e in events])
+            self.store.add_rows([e.row() for e in events])
         except Exception:  # the store must never take the gateway down
             traceback.print_exc(file=sys.stderr)
 

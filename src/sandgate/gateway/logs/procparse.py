@@ -165,12 +165,13 @@ class ProcInfo:
     parents: tuple[str, ...] = ()  # the executables above it in the chain, nearest first
 
     def details(self) -> dict[str, Any]:
-        """For an event's ``details`` (JSON types only)."""
+        """For an event's ``details``: plain JSON types only (the role's text, not its enum),
+        which the store's writer process is sent as data (events/writer.py)."""
         return {
             "pid": self.pid,
             "exe": self.exe,
             "cmdline": redact_argv(self.cmdline),  # a URL with a token, -H 'Authorization: …'
             "chain": [[pid, comm] for pid, comm in self.chain],
             "parents": list(self.parents),
-            "role": self.role,
+            "role": str(self.role),
         }
