@@ -123,10 +123,6 @@ class Child:
             rows = [r if _marshals(r) else encode_row(r) for r in rows]
             return frame(rows), rows
 
-    def add_events(self, events: Sequence[Event]) -> None:
-        """Store ``events``; returns once they are committed (or refused, which is printed)."""
-        self.send(*self.pack(events))
-
     def add(self, rows: list[Row]) -> None:
         """Store ``rows``; returns once they are committed (or refused, which is printed)."""
         self.send(frame(rows), rows)
