@@ -44,6 +44,7 @@ EXPORTS = {
         "conntrack",
         "handed",
         "bpf",
+        "btf",
     ],
     "sandgate.policy": [
         "classify", "decide", "dnsnames", "exemptions", "groups", "hostparse", "httprules",
