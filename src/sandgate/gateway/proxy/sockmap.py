@@ -118,7 +118,8 @@ _CARRY = _WATCH | select.EPOLLIN | select.EPOLLOUT  # while user space carries a
 # While any tunnel is joined, the thread looks this often for ways the program began to hold
 # (one u64, SIGNAL, not every way). A held way waits at most this long to be carried.
 HELD_POLL = 0.01
-CARRY_CHUNK = 1 << 18  # bytes one recv takes from a held way's source
+CARRY_CHUNK = 1 << 20  # bytes one recv takes from a held way's source, into the way's buffer
+_NOTHING = memoryview(b"")
 
 
 def cookie(sock: socket.socket) -> bytes:
@@ -320,6 +321,7 @@ class _Way:
     """One direction, ``src`` -> ``dst``; counts are relative to the hand-off."""
 
     __slots__ = (
+        "buffer",
         "carrying",
         "closed",
         "dst",
@@ -343,7 +345,8 @@ class _Way:
         self.closed = False  # and it was carried over: dst's write side is shut
         self.moved = 0  # bytes written to dst since the hand-off, when last counted
         self.carrying = False  # the program holds the way: user space carries its bytes
-        self.pending = b""  # read from src, not yet taken by dst's TCP
+        self.pending = _NOTHING  # read from src, not yet taken by dst's TCP (in ``buffer``)
+        self.buffer: bytearray | None = None  # while carrying
 
     def drained(self) -> bool:
         """Every byte src received (less the FIN) has been handed to dst's TCP."""
@@ -615,18 +618,22 @@ class Kernel:
                     return  # the destination's buffer is full: EPOLLOUT brings it back
             if counters[at + PASSED] == counters[at + CONSUMED]:
                 way.carrying = False  # the program redirects again from the next skb on
+                way.buffer = None
                 self._carrying.discard(way)
                 self._watch(tunnel)
                 return
             moved = Counters.of(way.dst).written - way.written0
             if moved < counters[at + REDIRECTED] + counters[at + CONSUMED]:
                 return  # redirected bytes still queued for dst go first (looked at again soon)
+            if way.buffer is None:
+                way.buffer = bytearray(CARRY_CHUNK)
             try:
-                way.pending = way.src.recv(CARRY_CHUNK, socket.MSG_DONTWAIT)
+                got = way.src.recv_into(way.buffer, CARRY_CHUNK, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return  # counted, not queued yet (EPOLLIN, or the next look)
-            if not way.pending:
+            if not got:
                 return  # the source's FIN: _carry_fins
+            way.pending = memoryview(way.buffer)[:got]
 
     def _watch(self, tunnel: _Tunnel) -> None:
         """Wake on data and room too while a way of the tunnel is carried, on FIN alone when not."""
@@ -696,7 +703,7 @@ class Kernel:
         self._finished.append((tunnel, result))
 
 
-def _send_some(sock: socket.socket, data: bytes) -> int:
+def _send_some(sock: socket.socket, data: memoryview) -> int:
     """What the socket's TCP took of ``data`` without waiting (0 when its buffer is full)."""
     try:
         return sock.send(data, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
