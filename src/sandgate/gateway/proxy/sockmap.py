@@ -726,8 +726,8 @@ def _socket_error(sock: socket.socket) -> OSError:
 # bound (a guest that stops reading let a far end park a GiB in the gateway); the hold bounds it
 # now, but (bench/sockmapsoak, bench/relayloop, 2026-12-07): on a fast bulk stream the kernel's
 # own send to the peer stalls a jiffy whenever its buffer is full, the queue passes HOLD_AT and
-# user space carries most of the stream (1.1-1.2 GB/s at 0.55-0.6 CPU s/GB on loopback, against
-# the hub's 2.1-2.4 GB/s at 0.19-0.24); and one stall in about 70 loopback runs was seen, not
+# user space carries most of the stream (1.6-1.7 GB/s at 0.26-0.36 CPU s/GB on loopback, against
+# the hub's 2.5-2.6 GB/s at 0.19-0.20); and one stall in about 70 loopback runs was seen, not
 # explained, not reproduced since. The hub stays the default; the kernel relay wins round trips.
 ON = os.environ.get("SANDGATE_SOCKMAP") == "1"
 KERNEL = Kernel(on=ON)
