@@ -327,3 +327,36 @@ def test_by_default_a_tunnel_takes_the_hub_which_holds_the_far_end_back() -> Non
     taken, _ = _taken_by_a_gateway_whose_guest_reads_nothing(sockmap.start)
     assert sockmap.KERNEL.routes().get("hub.off", 0) == before + 1
     assert taken < 32 << 20, f"the gateway took {taken >> 20} MiB the guest never read"
+
+
+def test_a_double_counted_skb_resets_the_tunnel_instead_of_ending_it_clean(
+    kernel: sockmap.Kernel,
+) -> None:
+    """This kernel (6.18) now and then runs the verdict twice on one skb and sends its bytes on
+    twice (bench/sockmapsoak): the counts then say more was judged than arrived. Made here by
+    adding one skb to the way's REDIRECTED, as the kernel's double run does: the relay must
+    reset both ends, so neither takes the corrupt stream for a whole one."""
+    assert kernel.maps is not None or kernel._ready()
+    with tunnel(sockmap.start) as (client, server, out):
+        client.sendall(b"x" * 1000)
+        assert len(_recv_exactly(server, 1000)) == 1000
+        (_, way) = next(
+            pair
+            for pair in kernel._ways.values()
+            if pair[1].src.getpeername() == client.getsockname()
+        )
+        assert kernel.maps is not None
+        kernel.maps.counters[4 * way.slot + sockmap.REDIRECTED] += 65483
+        with pytest.raises(ConnectionResetError):
+            while server.recv(1 << 16):  # within a tick: reset, never a clean end
+                pass
+    assert out[0].ended == "error" and "twice" in (out[0].error or "")
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        chunk = sock.recv(n - len(got))
+        assert chunk, "the stream ended early"
+        got += chunk
+    return got
