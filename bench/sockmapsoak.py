@@ -180,6 +180,7 @@ def main(rounds: int) -> dict[str, Any]:
         "by_kind": dict(Counter(f"{r['down_is']}/{r['up_is']}" for r in rows if not r["ok"])),
         "holds": kernel.holds,
         "carried_MiB": kernel.carried >> 20,
+        "kicks": kernel.kicks,  # ticks that found bytes unjudged and ran the program on them
         "moved_MiB": rounds * (DOWN + UP) >> 20,
         "MB_s_flat_out": sorted(r["MB_s"] for r in rows if not r["pause"]),
         "routes": kernel.routes(),

@@ -360,3 +360,30 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
         assert chunk, "the stream ended early"
         got += chunk
     return got
+
+
+def test_bytes_left_unjudged_are_kicked_then_the_tunnel_is_reset_not_left_hanging(
+    kernel: sockmap.Kernel,
+) -> None:
+    """With the hold this kernel now and then leaves arrived bytes on a socket without running
+    the program on them, the far end's window shut: a hang. Made here by taking 500 bytes off
+    the way's REDIRECTED (they look arrived and never judged): the relay kicks the socket each
+    tick, then resets both ends after STUCK_TICKS, well before the idle timeout."""
+    kicks = kernel.kicks
+    with tunnel(sockmap.start) as (client, server, out):
+        client.sendall(b"x" * 1000)
+        assert len(_recv_exactly(server, 1000)) == 1000
+        (_, way) = next(
+            pair
+            for pair in kernel._ways.values()
+            if pair[1].src.getpeername() == client.getsockname()
+        )
+        assert kernel.maps is not None
+        kernel.maps.counters[4 * way.slot + sockmap.REDIRECTED] -= 500
+        started = time.monotonic()
+        with pytest.raises(ConnectionResetError):
+            while server.recv(1 << 16):
+                pass
+        assert time.monotonic() - started < (sockmap.STUCK_TICKS + 2) * sockmap.TICK
+    assert out[0].ended == "error" and "unjudged" in (out[0].error or "")
+    assert kernel.kicks >= kicks + sockmap.STUCK_TICKS - 1
