@@ -1,6 +1,7 @@
 """Kernel plumbing: namespaces, links, policy -> nftables JSON and its atomic apply, iptables-nft
 queues; the NFLOG, NFQUEUE and sock_diag readers; eBPF assembled and loaded without a compiler
-(bpf.py) and the kernel's struct layouts it reads, from BTF (btf.py). Imports nothing from ``gateway/``.
+(bpf.py) and the kernel's struct layouts it reads, from BTF (btf.py). Imports nothing from
+``gateway/``.
 """
 
 __all__ = [
