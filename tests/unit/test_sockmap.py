@@ -336,21 +336,24 @@ def test_a_double_counted_skb_resets_the_tunnel_instead_of_ending_it_clean(
     twice (bench/sockmapsoak): the counts then say more was judged than arrived. Made here by
     adding one skb to the way's REDIRECTED, as the kernel's double run does: the relay must
     reset both ends, so neither takes the corrupt stream for a whole one."""
-    assert kernel.maps is not None or kernel._ready()
     with tunnel(sockmap.start) as (client, server, out):
-        client.sendall(b"x" * 1000)
-        assert len(_recv_exactly(server, 1000)) == 1000
-        (_, way) = next(
-            pair
-            for pair in kernel._ways.values()
-            if pair[1].src.getpeername() == client.getsockname()
-        )
-        assert kernel.maps is not None
-        kernel.maps.counters[4 * way.slot + sockmap.REDIRECTED] += 65483
+        _redirected_up(kernel, client, server, 65483)
         with pytest.raises(ConnectionResetError):
             while server.recv(1 << 16):  # within a tick: reset, never a clean end
                 pass
     assert out[0].ended == "error" and "twice" in (out[0].error or "")
+
+
+def _redirected_up(
+    kernel: sockmap.Kernel, client: socket.socket, server: socket.socket, by: int
+) -> None:
+    """Once 1000 bytes went client -> server, change that way's REDIRECTED count ``by`` bytes:
+    what the kernel's faults do to the counts."""
+    client.sendall(b"x" * 1000)
+    assert len(_recv_exactly(server, 1000)) == 1000
+    way = next(w for _, w in kernel._ways.values() if w.src.getpeername() == client.getsockname())
+    assert kernel.maps is not None
+    kernel.maps.counters[4 * way.slot + sockmap.REDIRECTED] += by
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -371,15 +374,7 @@ def test_bytes_left_unjudged_are_kicked_then_the_tunnel_is_reset_not_left_hangin
     tick, then resets both ends after STUCK_TICKS, well before the idle timeout."""
     kicks = kernel.kicks
     with tunnel(sockmap.start) as (client, server, out):
-        client.sendall(b"x" * 1000)
-        assert len(_recv_exactly(server, 1000)) == 1000
-        (_, way) = next(
-            pair
-            for pair in kernel._ways.values()
-            if pair[1].src.getpeername() == client.getsockname()
-        )
-        assert kernel.maps is not None
-        kernel.maps.counters[4 * way.slot + sockmap.REDIRECTED] -= 500
+        _redirected_up(kernel, client, server, -500)
         started = time.monotonic()
         with pytest.raises(ConnectionResetError):
             while server.recv(1 << 16):
