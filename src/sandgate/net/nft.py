@@ -6,16 +6,25 @@ use one inside a given namespace; every call runs on that worker.
 
 A batch (``{"nftables": [...]}``) is one kernel transaction: if any command in it is rejected,
 none is applied and the previous ruleset stays in force. That is how sandgate replaces rules.
+
+libnftables is not thread-safe across contexts either: its interface cache (names to indexes,
+filled by ``meta iif "lo"`` and its listing) is one list for the whole process, released at the
+end of every run and by every free. Two contexts on two threads freed it twice: the gateway died
+of "double free or corruption" in CI, and a run could fail with "Interface does not exist"
+(three threads, 300 rounds: an abort in 5 runs of 6, 2026-12-07). So every call into the
+library holds ``_calls``; the slow part of a free, the socket's close, is done outside it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import functools
 import json
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -71,6 +80,9 @@ def _load() -> ctypes.CDLL:
 
 
 _lib_lock = threading.Lock()
+# Held by every call into libnftables, for any context (the module's docstring says why).
+_calls = threading.Lock()
+_AF_NETLINK, _NETLINK_NETFILTER = 16, 12
 
 
 @functools.cache
@@ -95,13 +107,14 @@ class Nft:
         """A context whose socket select() can take (net/lowfd.py): one that landed at 1,024
         or above is freed before it is used, and made again."""
         for _ in range(3):
-            with lowfd.below_fd_setsize() as high:
+            with lowfd.below_fd_setsize() as high, _calls:
                 ctx = self._lib.nft_ctx_new(0)
             if not ctx:
                 raise SetupError("libnftables could not create a context")
             if not high:
                 return ctx
-            self._lib.nft_ctx_free(ctx)
+            with _calls:
+                self._lib.nft_ctx_free(ctx)
         raise SetupError(
             f"no descriptor below {lowfd.FD_SETSIZE} was free for libnftables, which select()s "
             f"on its socket ({len(lowfd.open_fds())} are open in this process)",
@@ -111,9 +124,10 @@ class Nft:
     def run(self, command: Json | str) -> Json | None:
         """Run a JSON batch (or a text command); return the JSON output, if any."""
         text = command if isinstance(command, str) else json.dumps(command)
-        rc = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
-        out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
-        err = self._lib.nft_ctx_get_error_buffer(self._ctx) or b""
+        with _calls:
+            rc = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
+            out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
+            err = self._lib.nft_ctx_get_error_buffer(self._ctx) or b""
         if rc != 0:
             raise RulesetRejected(
                 "nftables rejected the change: " + err.decode(errors="replace").strip(),
@@ -125,13 +139,14 @@ class Nft:
         """A text ``list`` command's output without counts or handles (the same rules always
         print the same text), or None if the object does not exist. ``terse`` leaves out the
         elements of named sets; list a set by itself to see them."""
-        self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_STATELESS | _OUTPUT_TERSE)
-        try:
-            rc = self._lib.nft_run_cmd_from_buffer(self._ctx, command.encode())
-            out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
-            self._lib.nft_ctx_get_error_buffer(self._ctx)  # drained: the next call's is its own
-        finally:
-            self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON | _OUTPUT_HANDLE)
+        with _calls:
+            self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_STATELESS | _OUTPUT_TERSE)
+            try:
+                rc = self._lib.nft_run_cmd_from_buffer(self._ctx, command.encode())
+                out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
+                self._lib.nft_ctx_get_error_buffer(self._ctx)  # drained: the next call's own
+            finally:
+                self._lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON | _OUTPUT_HANDLE)
         return out.decode(errors="replace") if rc == 0 else None
 
     def list_table(self, family: str, table: str) -> list[Json]:
@@ -147,23 +162,65 @@ class Nft:
         return False
 
     def close(self) -> None:
-        if self._ctx:
-            self._lib.nft_ctx_free(self._ctx)
-            self._ctx = None
+        """Free the context; its socket's close (an RCU grace period once it has committed,
+        13 ms median in a guest namespace, 2026-12-07) waits outside ``_calls``."""
+        spare = self._free()
+        if spare is not None:
+            spare.close()
 
     def close_soon(self) -> None:
-        """Free the context on a thread of its own: once it has committed, closing its netlink
-        socket waits out a kernel RCU grace period (11 ms median, 19 ms max of 15, in a guest
-        namespace, 2026-12-01) that no caller needs to wait for. Unusable from now on."""
+        """``close`` with the socket closed on a thread of its own: no caller needs to wait
+        for it. Unusable from now on."""
+        spare = self._free()
+        if spare is not None:
+            threading.Thread(target=spare.close, name="nft-free", daemon=True).start()
+
+    def _free(self) -> socket.socket | None:
+        """Free the context (10 µs) while a copy of its socket keeps that open; the copy, to
+        be closed. Where the copy cannot be had, the whole free holds ``_calls``."""
         ctx, self._ctx = self._ctx, None
-        if ctx:
-            threading.Thread(
-                target=self._lib.nft_ctx_free, args=(ctx,), name="nft-free", daemon=True
-            ).start()
+        if not ctx:
+            return None
+        with _calls:
+            spare = _socket_copy(ctx)
+            self._lib.nft_ctx_free(ctx)
+        return spare
 
     @staticmethod
     def on(worker: NsThread) -> NftIn:
         return NftIn(worker)
+
+
+def _socket_copy(ctx: int) -> socket.socket | None:
+    """A second descriptor of a context's netlink socket, or None if what its first member
+    points at is not one. A ``struct nft_ctx`` begins with its ``struct mnl_socket *`` in every
+    libnftables since the library began (nftables.h), and libmnl gives that one's descriptor;
+    the copy is checked to be a netfilter netlink socket before it is trusted."""
+    sock = ctypes.c_void_p.from_address(ctx).value
+    if not sock:
+        return None
+    try:
+        fd = os.dup(_libmnl().mnl_socket_get_fd(sock))
+    except (OSError, AttributeError):  # no libmnl, no such descriptor
+        return None
+    try:
+        copy = socket.socket(fileno=fd)
+    except OSError:  # not a socket
+        os.close(fd)
+        return None
+    with contextlib.suppress(OSError):
+        if (copy.family, copy.proto) == (_AF_NETLINK, _NETLINK_NETFILTER):
+            return copy
+    copy.close()  # only the copy: whatever that number was, it stays open
+    return None
+
+
+@functools.cache
+def _libmnl() -> ctypes.CDLL:
+    lib = ctypes.CDLL(ctypes.util.find_library("mnl") or "libmnl.so.0")
+    lib.mnl_socket_get_fd.restype = ctypes.c_int
+    lib.mnl_socket_get_fd.argtypes = [ctypes.c_void_p]
+    return lib
 
 
 class NftIn:
