@@ -79,8 +79,9 @@ async def serve_client(
 
 
 async def _watch(writer: asyncio.StreamWriter, watch: Watch) -> None:
-    with watch() as q:
-        while True:
+    """Events to a watcher until it leaves: a normal end, not an error of the request."""
+    with watch() as q, contextlib.suppress(ConnectionError):
+        while not writer.is_closing():
             event = await q.get()
             writer.write(encode(event.as_json()))
             await writer.drain()
