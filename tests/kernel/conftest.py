@@ -6,6 +6,7 @@ store the gateway wrote. At the end, nothing named sg-*/sandgate* may be left on
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,27 @@ def stack(store_path: Path) -> Iterator[Stack]:
         s.teardown()
         after = [x for x in leftovers() if x not in before]
         assert not after, f"left behind: {after}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that failed because the shared gateway stopped answering shows the end of that
+    gateway's log: why it died (a CI run once lost 43 tests to a "double free" said only there,
+    in a log gone with the machine)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or "GatewayError" not in str(report.longrepr):
+        return
+    funcargs = getattr(item, "funcargs", {})
+    stack = funcargs.get("stack") or getattr(funcargs.get("sandbox"), "stack", None)
+    if not isinstance(stack, Stack):
+        return
+    from sandgate.gateway.manage import log_dir
+
+    log = log_dir() / f"gateway-{stack.instance}.log"
+    with contextlib.suppress(OSError):
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        report.sections.append((f"the gateway's log ({log}), its end", "\n".join(tail)))
 
 
 class Runner:
